@@ -1,0 +1,25 @@
+import equinox as eqx
+from jaxtyping import Array, Float
+
+from ._ops import sumcumprod
+
+
+class SumCumProd(eqx.Module):
+    """The native `eqgp.ops.sumcumprod` as an Equinox layer.
+
+    Maps `x` to `y[..., i] = sum_{j >= i} prod_{k=i..j} x[..., k]` along the last axis.
+    It has no parameters, so it composes with anything: inside an `eqx.nn.Sequential`,
+    under `eqx.filter_jit`/`filter_vmap`/`filter_grad`, and as (the end of) the warp of
+    an `eqgp.kernels.Warped` kernel, whose derivative blocks then differentiate through
+    the native op. Feed it values in `(0, 1)` (e.g. after a sigmoid) to keep the output
+    bounded.
+    """
+
+    def __call__(self, x: Float[Array, "*batch n"], *, key=None) -> Float[Array, "*batch n"]:
+        """**Arguments:** `x`, shape `(..., n)`, float32 or float64; `key` is ignored
+        (accepted so the layer fits in `eqx.nn.Sequential`).
+
+        **Returns:** an array of the shape and dtype of `x`.
+        """
+        del key
+        return sumcumprod(x)

@@ -1,0 +1,224 @@
+"""The native linear-recurrence primitive and `sumcumprod` built on it.
+
+`linear_recurrence(a, b, reverse=...)` is a JAX primitive whose every rule calls back
+into the primitive: the JVP is the same recurrence with another `b`, the transpose is
+the recurrence in the other direction with `a` shifted by one, and the batching rule
+moves the batch axis to the front (the native kernels treat every leading axis as a
+row). Each direction lowers to one XLA FFI custom call into the C++ (CPU) or CUDA
+handlers, so `jit`, `vmap`, `grad`, `jvp`, `jacfwd`, `jacrev` and `hessian` to any
+order all run the native kernels. Where no handler exists (extension not built,
+CUDA module absent, another platform) the primitive lowers to a pure-JAX associative
+scan, with a one-time warning.
+"""
+
+import functools
+import importlib
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+from jaxtyping import Array, Float
+
+_TARGET = "eqgp_linear_recurrence"
+_FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _load(name):
+    try:
+        return importlib.import_module(f"{__package__}.{name}")
+    except ImportError:
+        return None
+
+
+_native_cpu = _load("_native_cpu")
+_native_cuda = _load("_native_cuda")
+if _native_cpu is not None:
+    for _name, _capsule in _native_cpu.registrations().items():
+        jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+if _native_cuda is not None:
+    for _name, _capsule in _native_cuda.registrations().items():
+        # "CUDA", not "cuda": the name is matched verbatim against the CUDA plugin's.
+        jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
+
+#: Platforms on which `linear_recurrence` runs the native handlers.
+NATIVE_PLATFORMS: tuple[str, ...] = tuple(
+    p for p, m in (("cpu", _native_cpu), ("cuda", _native_cuda)) if m is not None
+)
+
+
+def _shift(z, reverse: bool):
+    """z_{i+1} (reverse) or z_{i-1} (forward) along the last axis, zero-filled."""
+    pad = [(0, 0)] * (z.ndim - 1)
+    if reverse:
+        return jnp.pad(z[..., 1:], pad + [(0, 1)])
+    return jnp.pad(z[..., :-1], pad + [(1, 0)])
+
+
+def linear_recurrence_reference(a, b, *, reverse: bool):
+    """Pure-JAX `linear_recurrence` by `jax.lax.associative_scan` over affine maps."""
+
+    def compose(p, q):  # p applied first, then q
+        (a1, b1), (a2, b2) = p, q
+        return a2 * a1, a2 * b1 + b2
+
+    if a.shape[-1] == 0:
+        return b
+    return jax.lax.associative_scan(compose, (a, b), reverse=reverse, axis=a.ndim - 1)[1]
+
+
+linear_recurrence_p = Primitive("eqgp_linear_recurrence")
+
+
+@functools.cache
+def _jitted_bind(reverse: bool):
+    return jax.jit(lambda a, b: linear_recurrence_p.bind(a, b, reverse=reverse))
+
+
+linear_recurrence_p.def_impl(lambda a, b, *, reverse: _jitted_bind(reverse)(a, b))
+linear_recurrence_p.def_abstract_eval(
+    lambda a, b, *, reverse: jax.core.ShapedArray(b.shape, b.dtype)
+)
+
+_native_rule = jax.ffi.ffi_lowering(_TARGET)
+
+
+def _native_lowering(ctx, a, b, *, reverse):
+    # Attributes normalised to exact C types: an int where a bool is bound fails, and
+    # True == 1 would collide in jax's compilation cache.
+    return _native_rule(ctx, a, b, reverse=bool(reverse))
+
+
+_fallback_warned = False
+
+
+def _fallback(a, b, *, reverse):
+    global _fallback_warned
+    if not _fallback_warned:
+        _fallback_warned = True
+        warnings.warn(
+            "eqgp: no native linear-recurrence handler for this platform (native handlers: "
+            f"{NATIVE_PLATFORMS or 'none, the extension is not built'}); using the pure-JAX "
+            "associative scan, which is correct but much slower.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return linear_recurrence_reference(a, b, reverse=reverse)
+
+
+mlir.register_lowering(linear_recurrence_p, mlir.lower_fun(_fallback, multiple_results=False))
+for _platform in NATIVE_PLATFORMS:
+    mlir.register_lowering(linear_recurrence_p, _native_lowering, platform=_platform)
+
+
+def _jvp(primals, tangents, *, reverse):
+    a, b = primals
+    da, db = tangents
+    z = linear_recurrence_p.bind(a, b, reverse=reverse)
+    if type(da) is ad.Zero and type(db) is ad.Zero:
+        return z, ad.Zero.from_primal_value(z)
+    rhs = None
+    if type(da) is not ad.Zero:
+        rhs = da * _shift(z, reverse)
+    if type(db) is not ad.Zero:
+        rhs = db if rhs is None else rhs + db
+    return z, linear_recurrence_p.bind(a, rhs, reverse=reverse)
+
+
+def _transpose(ct, a, b, *, reverse):
+    if ad.is_undefined_primal(a):
+        raise NotImplementedError("linear_recurrence is linear in b only")
+    if type(ct) is ad.Zero:
+        return None, ad.Zero(b.aval)
+    # z = L_a b with L_a lower (or upper) bidiagonal-inverse; L_a^T runs the other way
+    # with a shifted by one.
+    return None, linear_recurrence_p.bind(_shift(a, not reverse), ct, reverse=not reverse)
+
+
+def _batch(args, dims, *, reverse):
+    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+    moved = [
+        jnp.moveaxis(x, d, 0) if d is not None else jnp.broadcast_to(x, (size,) + x.shape)
+        for x, d in zip(args, dims)
+    ]
+    return linear_recurrence_p.bind(*moved, reverse=reverse), 0
+
+
+ad.primitive_jvps[linear_recurrence_p] = _jvp
+ad.primitive_transposes[linear_recurrence_p] = _transpose
+batching.primitive_batchers[linear_recurrence_p] = _batch
+
+
+def _check_float(name: str, x) -> Array:
+    if not isinstance(x, (jax.Array, np.ndarray, np.generic, float, list, tuple)):
+        raise TypeError(f"`{name}` must be an array; got {type(x).__name__}.")
+    x = jnp.asarray(x)
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(
+            f"`{name}` must have dtype float32 or float64; got {x.dtype}. "
+            f"Cast it first, e.g. `{name}.astype(jnp.float32)`."
+        )
+    if x.ndim == 0:
+        raise ValueError(
+            f"`{name}` must have at least one axis (the recurrence runs along the last "
+            f"axis); got a scalar."
+        )
+    return x
+
+
+def linear_recurrence(
+    a: Float[Array, "*batch n"], b: Float[Array, "*batch n"], *, reverse: bool
+) -> Float[Array, "*batch n"]:
+    """The first-order linear recurrence along the last axis.
+
+    `reverse=False`: `z[..., i] = a[..., i] * z[..., i - 1] + b[..., i]`;
+    `reverse=True`: `z[..., i] = a[..., i] * z[..., i + 1] + b[..., i]`; the value past
+    the end is zero. Leading axes are batch axes.
+
+    **Arguments:**
+
+    - `a`: multipliers, shape `(..., n)`, float32 or float64.
+    - `b`: offsets, same shape and dtype as `a`.
+    - `reverse`: a Python bool, the direction of the recurrence.
+
+    **Returns:**
+
+    `z`, same shape and dtype as `b`.
+    """
+    if not isinstance(reverse, (bool, np.bool_)):
+        raise TypeError(f"`reverse` must be a Python bool; got {type(reverse).__name__}.")
+    a = _check_float("a", a)
+    b = _check_float("b", b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        raise ValueError(
+            "`a` and `b` must have the same shape and dtype; got "
+            f"a: {a.dtype}{list(a.shape)} and b: {b.dtype}{list(b.shape)}."
+        )
+    return linear_recurrence_p.bind(a, b, reverse=bool(reverse))
+
+
+def sumcumprod(x: Float[Array, "*batch n"]) -> Float[Array, "*batch n"]:
+    """`y[..., i] = sum_{j >= i} prod_{k=i..j} x[..., k]` along the last axis.
+
+    Runs the native kernels (one custom call, also under `vmap`), and is closed under
+    `jit`, `vmap` and every order of forward and reverse differentiation.
+    `sumcumprod(jnp.ones(10))` is `[10, 9, ..., 1]`.
+
+    **Arguments:**
+
+    - `x`: shape `(..., n)`, float32 or float64; leading axes are batch axes.
+
+    **Returns:**
+
+    An array of the shape and dtype of `x`.
+    """
+    x = _check_float("x", x)
+    return linear_recurrence_p.bind(x, x, reverse=True)
+
+
+def sumcumprod_reference(x: Float[Array, "*batch n"]) -> Float[Array, "*batch n"]:
+    """Pure-JAX `sumcumprod` (associative scan); the reference the native op is tested on."""
+    x = _check_float("x", x)
+    return linear_recurrence_reference(x, x, reverse=True)

@@ -1,0 +1,3 @@
+"""Equinox layers."""
+
+from ._nn import SumCumProd as SumCumProd
