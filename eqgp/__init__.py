@@ -1,5 +1,20 @@
 """eqgp: gradient-enhanced Gaussian processes for JAX, in the Equinox style."""
 
 from . import kernels as kernels, nn as nn, ops as ops
+from ._gram import (
+    gradient_gram as gradient_gram,
+    gram as gram,
+    operator_diag as operator_diag,
+    operator_gram as operator_gram,
+)
+from ._operators import (
+    AbstractOperator as AbstractOperator,
+    Directional as Directional,
+    Gradient as Gradient,
+    Hessian as Hessian,
+    Partial as Partial,
+    Value as Value,
+    ValueAndGradient as ValueAndGradient,
+)
 
 __version__ = "0.1.0"

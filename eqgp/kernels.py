@@ -1,0 +1,19 @@
+"""Covariance functions: scalar functions of two points, combined with `+` and `*`."""
+
+from ._kernels import (
+    AbstractKernel as AbstractKernel,
+    AbstractStationaryKernel as AbstractStationaryKernel,
+    Constant as Constant,
+    Linear as Linear,
+    Matern12 as Matern12,
+    Matern32 as Matern32,
+    Matern52 as Matern52,
+    Periodic as Periodic,
+    Polynomial as Polynomial,
+    Product as Product,
+    RationalQuadratic as RationalQuadratic,
+    RBF as RBF,
+    Sum as Sum,
+    Warped as Warped,
+    White as White,
+)

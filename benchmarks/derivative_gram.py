@@ -1,0 +1,136 @@
+"""eqgp.gradient_gram (generic autodiff) vs a hand-written closed-form RBF-with-gradients
+kernel in JAX, vs the naive jacfwd-of-a-batched-kernel approach, vs GPyTorch's
+RBFKernelGrad / Matern52KernelGrad when importable. float64, CPU.
+
+Run: python benchmarks/derivative_gram.py  (last line: RESULT derivative_gram <ratio>,
+the ratio eqgp / closed form at (1000, 5); <= 1 means autodiff is as fast as hand code).
+"""
+
+import sys
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from _timing import median_time, torch_median_time  # noqa: E402
+
+import eqgp  # noqa: E402
+from eqgp import kernels  # noqa: E402
+
+SIZES = [(300, 2), (1000, 2), (1000, 5)]
+
+
+def closed_form_rbf_grad(X1, X2, lengthscale, variance):
+    """Hand-written RBF value+gradient gram, written straight into the blocked layout."""
+    N, D = X1.shape
+    M = X2.shape[0]
+    l2 = lengthscale**2
+    delta = X1.T[:, :, None] - X2.T[:, None, :]  # (D, N, M)
+    dd = delta / l2[:, None, None]
+    K = variance * jnp.exp(-0.5 * jnp.sum(delta * dd, axis=0))  # (N, M)
+    ones = jnp.ones((1, N, M), X1.dtype)
+    u = jnp.concatenate([ones, -dd])  # row factors (a, n, m)
+    v = jnp.concatenate([ones, dd])  # column factors (b, n, m)
+    C = jnp.diag(jnp.concatenate([jnp.zeros(1, X1.dtype), 1.0 / l2]))  # (a, b)
+    A = K[None, :, None, :] * (
+        u[:, :, None, :] * jnp.transpose(v, (1, 0, 2))[None] + C[:, None, :, None]
+    )
+    return A.reshape(N * (D + 1), M * (D + 1))
+
+
+def naive_gradient_gram(kernel, X1, X2):
+    """jacfwd of the batched (N, D) x (M, D) -> (N, M) kernel, summing out the zeros."""
+
+    def Kmat(A, B):
+        return eqgp.gram(kernel, A, B)
+
+    def dK2(A, B):  # (N, M, D): d K_ij / d B_j
+        return jnp.einsum("ijjc->ijc", jax.jacfwd(Kmat, argnums=1)(A, B))
+
+    K = Kmat(X1, X2)
+    G2 = dK2(X1, X2)
+    G1 = jnp.einsum("ijic->ijc", jax.jacfwd(Kmat, argnums=0)(X1, X2))
+    H = jnp.einsum("ijcid->ijcd", jax.jacfwd(dK2, argnums=0)(X1, X2))  # (N, M, D2, D1)
+    N, D = X1.shape
+    M = X2.shape[0]
+    top = jnp.concatenate([K[None], jnp.transpose(G2, (2, 0, 1))], axis=0)  # (D+1, N, M) cols
+    rows = jnp.concatenate([jnp.transpose(G1, (2, 0, 1))[:, None], jnp.transpose(H, (3, 2, 0, 1))], 1)
+    full = jnp.concatenate([top[None], rows], axis=0)  # (a, b, N, M)
+    return jnp.transpose(full, (0, 2, 1, 3)).reshape(N * (D + 1), M * (D + 1))
+
+
+def interleaved_to_blocked(A, N, M, D):
+    return (
+        A.reshape(N, D + 1, M, D + 1).transpose(1, 0, 3, 2).reshape(N * (D + 1), M * (D + 1))
+    )
+
+
+def gpytorch_paths():
+    try:
+        import gpytorch
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(2)
+
+    def make(kind, X, ls):
+        k = {"rbf": gpytorch.kernels.RBFKernelGrad, "m52": gpytorch.kernels.Matern52KernelGrad}[
+            kind
+        ](ard_num_dims=X.shape[1]).double()
+        k.lengthscale = torch.tensor(np.asarray(ls))[None]
+        Xt = torch.tensor(np.asarray(X))
+
+        def run():
+            with torch.no_grad(), gpytorch.settings.lazily_evaluate_kernels(False):
+                return k(Xt, Xt).to_dense()
+
+        return run
+
+    return make
+
+
+def main():
+    rng = np.random.default_rng(0)
+    make_torch = gpytorch_paths()
+    if make_torch is None:
+        print("gpytorch not importable: skipping the GPyTorch column")
+    last_ratio = None
+    for N, D in SIZES:
+        X = jnp.asarray(rng.uniform(0, 3, (N, D)))
+        ls = jnp.linspace(0.8, 1.6, D)
+        for name, kern in (("rbf", kernels.RBF(ls)), ("m52", kernels.Matern52(ls))):
+            ours = jax.jit(lambda X, k=kern: eqgp.gradient_gram(k, X, X))
+            t_ours = median_time(ours, X)
+            line = f"{name} N={N:5d} D={D}: eqgp {t_ours * 1e3:8.1f} ms"
+            if name == "rbf":
+                closed = jax.jit(lambda X, ls=ls: closed_form_rbf_grad(X, X, ls, 1.0))
+                err = float(jnp.max(jnp.abs(ours(X) - closed(X))))
+                assert err < 1e-12, err
+                t_closed = median_time(closed, X)
+                line += f" | closed form {t_closed * 1e3:8.1f} ms | eqgp/closed {t_ours / t_closed:5.2f}"
+                if (N, D) == (1000, 5):
+                    last_ratio = t_ours / t_closed
+            if make_torch is not None:
+                run = make_torch(name, X, ls)
+                err = float(jnp.max(jnp.abs(ours(X) - interleaved_to_blocked(jnp.asarray(run().numpy()), N, N, D))))
+                assert err < 1e-10, err
+                t_torch = torch_median_time(run)
+                line += f" | gpytorch {t_torch * 1e3:8.1f} ms | gpytorch/eqgp {t_torch / t_ours:5.1f}x"
+            print(line, flush=True)
+            del ours
+    # The naive approach at N = 100, D = 2.
+    X = jnp.asarray(rng.uniform(0, 3, (100, 2)))
+    kern = kernels.RBF(jnp.array([0.9, 1.3]))
+    ours = jax.jit(lambda X: eqgp.gradient_gram(kern, X, X))
+    naive = jax.jit(lambda X: naive_gradient_gram(kern, X, X))
+    err = float(jnp.max(jnp.abs(ours(X) - naive(X))))
+    assert err < 1e-12, err
+    t_ours, t_naive = median_time(ours, X), median_time(naive, X)
+    print(f"rbf N=100 D=2: eqgp {t_ours * 1e3:.2f} ms | naive jacfwd {t_naive * 1e3:.2f} ms | naive/eqgp {t_naive / t_ours:.1f}x")
+    print(f"RESULT derivative_gram {last_ratio:.3f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

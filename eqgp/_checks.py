@@ -1,0 +1,37 @@
+# Trace-time validation shared by the public functions: shape, dtype and structure
+# problems raise here, naming the argument, what was expected and what was given.
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def as_points(name: str, X, dim: int | None = None) -> jax.Array:
+    """`X` as a floating (N, D) array, or a ValueError/TypeError naming `name`."""
+    if not hasattr(X, "shape") or not hasattr(X, "dtype"):
+        try:
+            X = np.asarray(X)
+        except Exception:  # noqa: BLE001 - reported below as a TypeError
+            raise TypeError(f"`{name}` must be an array of shape (N, D); got {type(X).__name__}.")
+    if not jnp.issubdtype(X.dtype, jnp.floating):
+        raise TypeError(
+            f"`{name}` must be a floating-point array of shape (N, D); got dtype {X.dtype}. "
+            f"Cast it first, e.g. `{name}.astype(float)`."
+        )
+    if X.ndim != 2:
+        hint = f" For one-dimensional inputs use `{name}[:, None]`." if X.ndim == 1 else ""
+        raise ValueError(
+            f"`{name}` must have shape (N, D); got shape {tuple(X.shape)}.{hint}"
+        )
+    if dim is not None and X.shape[1] != dim:
+        raise ValueError(
+            f"`{name}` has {X.shape[1]} input dimensions (shape {tuple(X.shape)}) but {dim} "
+            "were expected (the other inputs' D)."
+        )
+    return jnp.asarray(X)
+
+
+def check_same_dtype(**arrays) -> None:
+    dtypes = {name: x.dtype for name, x in arrays.items()}
+    if len(set(dtypes.values())) > 1:
+        got = ", ".join(f"{n}: {d}" for n, d in dtypes.items())
+        raise TypeError(f"inputs must share one floating dtype; got {got}.")

@@ -1,0 +1,166 @@
+from collections.abc import Sequence
+from typing import Literal
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from ._checks import as_points, check_same_dtype
+from ._kernels import AbstractKernel
+from ._operators import AbstractOperator, Value, ValueAndGradient
+
+Layout = Literal["blocked", "interleaved"]
+
+
+def _check_kernel(kernel):
+    if not isinstance(kernel, AbstractKernel):
+        raise TypeError(
+            f"`kernel` must be an eqgp.kernels.AbstractKernel; got {type(kernel).__name__}."
+        )
+
+
+def _check_layout(layout):
+    if layout not in ("blocked", "interleaved"):
+        raise ValueError(f"`layout` must be 'blocked' or 'interleaved'; got {layout!r}.")
+
+
+def _cross(kernel, op1: AbstractOperator, X1, op2: AbstractOperator, X2, layout: Layout):
+    """cov(op1 f(X1_i), op2 f(X2_j)) for all pairs, reshaped straight into the layout."""
+    N, D = X1.shape
+    M = X2.shape[0]
+    P1, P2 = op1.size(D), op2.size(D)
+
+    def pair(x1, x2):
+        return op1.apply(lambda a: op2.apply(lambda b: kernel(a, b), x2), x1)  # (P1, P2)
+
+    # Map straight into the final order instead of building (N, M, P1, P2) and
+    # transposing it: the layout is where the time goes for large grams.
+    if layout == "blocked":  # (P1, N, P2, M)
+        inner, outer = 2, 1
+    else:  # (N, P1, M, P2)
+        inner, outer = 1, 0
+    mapped = eqx.filter_vmap(
+        eqx.filter_vmap(pair, in_axes=(None, 0), out_axes=inner), in_axes=(0, None), out_axes=outer
+    )
+    return mapped(X1, X2).reshape(N * P1, M * P2)
+
+
+def gram(
+    kernel: AbstractKernel, X1: Float[Array, "N D"], X2: Float[Array, "M D"]
+) -> Float[Array, "N M"]:
+    """The covariance matrix `K[i, j] = kernel(X1[i], X2[j])`.
+
+    **Arguments:**
+
+    - `kernel`: an `eqgp.kernels.AbstractKernel`.
+    - `X1`: points, shape `(N, D)`.
+    - `X2`: points, shape `(M, D)`, the same `D` and dtype.
+
+    **Returns:** shape `(N, M)`.
+    """
+    _check_kernel(kernel)
+    X1 = as_points("X1", X1)
+    X2 = as_points("X2", X2, X1.shape[1])
+    check_same_dtype(X1=X1, X2=X2)
+    f = eqx.filter_vmap(eqx.filter_vmap(kernel, in_axes=(None, 0)), in_axes=(0, None))
+    return f(X1, X2)
+
+
+def gradient_gram(
+    kernel: AbstractKernel,
+    X1: Float[Array, "N D"],
+    X2: Float[Array, "M D"],
+    layout: Layout = "blocked",
+) -> Float[Array, "N*(D+1) M*(D+1)"]:
+    """The joint covariance of values and gradients at `X1` and at `X2`, by autodiff.
+
+    `layout="blocked"` (default) gives `[[K, dK/dx2], [dK/dx1, d2K/dx1dx2]]` with the
+    derivative rows and columns component-major: all points' d/dx_0, then all points'
+    d/dx_1, ..., so the matching target vector is `concat([y, G[:, 0], G[:, 1], ...])`.
+    `layout="interleaved"` gives GPyTorch's per-point order `[f(x_1), df/dx_1, ...,
+    f(x_2), ...]`. Entry `(i, j)` of a block is `cov(L f(X1_i), L' f(X2_j))`.
+
+    **Arguments:**
+
+    - `kernel`: any `eqgp.kernels.AbstractKernel` (sums, products, warped and user kernels too).
+    - `X1`: points, shape `(N, D)`.
+    - `X2`: points, shape `(M, D)`.
+    - `layout`: `"blocked"` or `"interleaved"`.
+
+    **Returns:** shape `(N (D + 1), M (D + 1))`.
+    """
+    _check_kernel(kernel)
+    _check_layout(layout)
+    X1 = as_points("X1", X1)
+    X2 = as_points("X2", X2, X1.shape[1])
+    check_same_dtype(X1=X1, X2=X2)
+    op = ValueAndGradient()
+    return _cross(kernel, op, X1, op, X2, layout)
+
+
+def _as_groups(name: str, obs) -> list[tuple[AbstractOperator, Array]]:
+    if isinstance(obs, tuple) and len(obs) == 2 and isinstance(obs[0], AbstractOperator):
+        obs = [obs]
+    if hasattr(obs, "groups"):  # an eqgp.Observations
+        obs = [(g.operator, g.X) for g in obs.groups]
+    if not isinstance(obs, Sequence) or len(obs) == 0:
+        raise TypeError(
+            f"`{name}` must be an (operator, X) pair or a non-empty sequence of them; got "
+            f"{type(obs).__name__}."
+        )
+    groups = []
+    for i, g in enumerate(obs):
+        if not (isinstance(g, tuple) and len(g) == 2 and isinstance(g[0], AbstractOperator)):
+            raise TypeError(
+                f"`{name}[{i}]` must be a pair (operator, X) with an eqgp operator such as "
+                f"eqgp.Value() or eqgp.Gradient(); got {g!r:.80}."
+            )
+        groups.append((g[0], as_points(f"{name}[{i}] points", g[1])))
+    return groups
+
+
+def operator_gram(kernel: AbstractKernel, obs1, obs2, layout: Layout = "blocked") -> Array:
+    """The covariance between groups of linear observations, by autodiff.
+
+    Each of `obs1`, `obs2` is an `(operator, X)` pair, a sequence of them, or an
+    `eqgp.Observations`. Rows follow the groups of `obs1` in order, and within a group
+    are component-major (all points' first output, then all points' second, ...) or,
+    with `layout="interleaved"`, point-major. Only the requested derivatives are computed.
+
+    **Arguments:**
+
+    - `kernel`: an `eqgp.kernels.AbstractKernel`.
+    - `obs1`, `obs2`: e.g. `[(eqgp.Value(), X), (eqgp.Partial([0]), Z)]`.
+    - `layout`: `"blocked"` or `"interleaved"` (order within each group).
+
+    **Returns:** shape `(sum_g P_g N_g, sum_h P_h M_h)`.
+    """
+    _check_kernel(kernel)
+    _check_layout(layout)
+    g1 = _as_groups("obs1", obs1)
+    g2 = _as_groups("obs2", obs2)
+    D = g1[0][1].shape[1]
+    for name, groups in (("obs1", g1), ("obs2", g2)):
+        for i, (_, X) in enumerate(groups):
+            as_points(f"{name}[{i}] points", X, D)
+    check_same_dtype(**{f"group{i}": X for i, (_, X) in enumerate(g1 + g2)})
+    rows = [
+        jnp.concatenate([_cross(kernel, a, X1, b, X2, layout) for b, X2 in g2], axis=1)
+        for a, X1 in g1
+    ]
+    return jnp.concatenate(rows, axis=0)
+
+
+def operator_diag(kernel: AbstractKernel, operator: AbstractOperator, X) -> Array:
+    """The variances `cov(L f(X_i), L f(X_i))` of one operator at each point, without the
+    off-diagonal: shape `(P N,)`, component-major like `operator_gram`."""
+    _check_kernel(kernel)
+    X = as_points("X", X)
+
+    def one(x):
+        return jnp.diagonal(operator.apply(lambda a: operator.apply(lambda b: kernel(a, b), x), x))
+
+    return eqx.filter_vmap(one, out_axes=1)(X).reshape(-1)
+
+
+__all__ = ["gram", "gradient_gram", "operator_gram", "operator_diag", "Value"]

@@ -1,0 +1,154 @@
+import abc
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Float
+
+
+def _directional(f: Callable, x: Array, V: Array) -> Array:
+    """Directional derivatives of `f` at `x` along the rows of `V`: shape `(K, *f(x).shape)`.
+
+    Forward mode along only the requested directions: selecting components happens
+    before differentiating, so nothing unrequested is computed."""
+    return jax.vmap(lambda v: jax.jvp(f, (x,), (v,))[1])(V)
+
+
+def _unit(dims, D: int, dtype) -> Array:
+    return jnp.eye(D, dtype=dtype)[np.asarray(dims, dtype=int)]
+
+
+class AbstractOperator(eqx.Module):
+    """A linear functional of the latent function at a point (an observation type).
+
+    `apply(f, x)` maps a function `f: (D,) -> Q` to the stacked outputs `(P, *Q)` of
+    the operator at `x`; nesting two operators around a kernel gives their cross
+    covariance block `A_x1 B_x2 k(x1, x2)`."""
+
+    @abc.abstractmethod
+    def size(self, dim: int) -> int:
+        """The number of outputs `P` at one point with `dim` input dimensions."""
+
+    @abc.abstractmethod
+    def apply(self, f: Callable, x: Float[Array, " D"]) -> Array:
+        """The operator's outputs for the function `f` at the point `x`, shape `(P, *Q)`."""
+
+
+class Value(AbstractOperator):
+    """The function value `f(x)` (one output)."""
+
+    def size(self, dim: int) -> int:
+        return 1
+
+    def apply(self, f, x):
+        return f(x)[None]
+
+
+class Gradient(AbstractOperator):
+    """The gradient `df/dx` (D outputs, in dimension order)."""
+
+    def size(self, dim: int) -> int:
+        return dim
+
+    def apply(self, f, x):
+        return _directional(f, x, jnp.eye(x.shape[0], dtype=x.dtype))
+
+
+class ValueAndGradient(AbstractOperator):
+    """The value and the gradient, `[f(x), df/dx_0, ..., df/dx_{D-1}]` (D + 1 outputs):
+    what `eqgp.gradient_gram` uses, sharing the primal computation between them."""
+
+    def size(self, dim: int) -> int:
+        return dim + 1
+
+    def apply(self, f, x):
+        E = jnp.eye(x.shape[0], dtype=x.dtype)
+        y, dy = jax.vmap(lambda v: jax.jvp(f, (x,), (v,)), out_axes=(None, 0))(E)
+        return jnp.concatenate([y[None], dy])
+
+
+class Partial(AbstractOperator):
+    """Some components of the gradient, `df/dx_i` for `i` in `dims` (in that order)."""
+
+    dims: tuple[int, ...] = eqx.field(static=True)
+
+    def __init__(self, dims):
+        """**Arguments:** `dims`, an int or a sequence of distinct input-dimension indices."""
+        dims = (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)
+        if not dims or not all(isinstance(d, (int, np.integer)) and d >= 0 for d in dims):
+            raise ValueError(f"`dims` must be non-negative integers; got {dims!r}.")
+        if len(set(dims)) != len(dims):
+            raise ValueError(f"`dims` must be distinct; got {dims!r}.")
+        self.dims = tuple(int(d) for d in dims)
+
+    def size(self, dim: int) -> int:
+        if max(self.dims) >= dim:
+            raise ValueError(
+                f"Partial(dims={self.dims}) asks for dimension {max(self.dims)} but the "
+                f"inputs have only {dim} dimensions."
+            )
+        return len(self.dims)
+
+    def apply(self, f, x):
+        self.size(x.shape[0])
+        return _directional(f, x, _unit(self.dims, x.shape[0], x.dtype))
+
+
+class Directional(AbstractOperator):
+    """Directional derivatives `v . df/dx` along one direction `v` of shape `(D,)`, or
+    along each row of `v` of shape `(K, D)` (K outputs). Directions are used as given
+    (not normalised)."""
+
+    directions: Float[Array, "K D"]
+
+    def __init__(self, v: ArrayLike):
+        """**Arguments:** `v`, shape `(D,)` or `(K, D)`."""
+        v = jnp.asarray(v)
+        if not jnp.issubdtype(v.dtype, jnp.floating):
+            v = v.astype(float)
+        if v.ndim == 1:
+            v = v[None]
+        if v.ndim != 2:
+            raise ValueError(f"`v` must have shape (D,) or (K, D); got {tuple(v.shape)}.")
+        self.directions = v
+
+    def size(self, dim: int) -> int:
+        if self.directions.shape[1] != dim:
+            raise ValueError(
+                f"Directional has directions of dimension {self.directions.shape[1]} but "
+                f"the inputs have {dim} dimensions."
+            )
+        return self.directions.shape[0]
+
+    def apply(self, f, x):
+        self.size(x.shape[0])
+        return _directional(f, x, self.directions.astype(x.dtype))
+
+
+class Hessian(AbstractOperator):
+    """Second derivatives `d2f/dx_i dx_j`: the upper triangle `i <= j` in row-major order
+    (D (D + 1) / 2 outputs; the lower triangle repeats it and would make the observation
+    covariance singular), or only the diagonal `d2f/dx_i^2` with `diagonal=True` (D
+    outputs, GPyTorch's `RBFKernelGradGrad`)."""
+
+    diagonal: bool = eqx.field(static=True, default=False)
+
+    def pairs(self, dim: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.diagonal:
+            return np.arange(dim), np.arange(dim)
+        return np.triu_indices(dim)
+
+    def size(self, dim: int) -> int:
+        return len(self.pairs(dim)[0])
+
+    def apply(self, f, x):
+        I, J = self.pairs(x.shape[0])
+        Vi = _unit(I, x.shape[0], x.dtype)
+        Vj = _unit(J, x.shape[0], x.dtype)
+
+        def second(vi, vj):
+            return jax.jvp(lambda y: jax.jvp(f, (y,), (vj,))[1], (x,), (vi,))[1]
+
+        return jax.vmap(second)(Vi, Vj)
