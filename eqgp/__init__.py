@@ -18,3 +18,12 @@ from ._operators import (
 )
 
 __version__ = "0.1.0"
+from ._fit import fit as fit
+from ._gp import (
+    ConstantMean as ConstantMean,
+    GaussianProcess as GaussianProcess,
+    Posterior as Posterior,
+    ZeroMean as ZeroMean,
+)
+from ._observations import ObservationGroup as ObservationGroup, Observations as Observations
+from ._solvers import AbstractSolver as AbstractSolver, Cholesky as Cholesky

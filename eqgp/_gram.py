@@ -3,6 +3,7 @@ from typing import Literal
 
 import equinox as eqx
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 from ._checks import as_points, check_same_dtype
@@ -46,7 +47,7 @@ def _cross(kernel, op1: AbstractOperator, X1, op2: AbstractOperator, X2, layout:
 
 
 def gram(
-    kernel: AbstractKernel, X1: Float[Array, "N D"], X2: Float[Array, "M D"]
+    kernel: AbstractKernel, X1: Float[Array | np.ndarray, "N D"], X2: Float[Array | np.ndarray, "M D"]
 ) -> Float[Array, "N M"]:
     """The covariance matrix `K[i, j] = kernel(X1[i], X2[j])`.
 
@@ -68,8 +69,8 @@ def gram(
 
 def gradient_gram(
     kernel: AbstractKernel,
-    X1: Float[Array, "N D"],
-    X2: Float[Array, "M D"],
+    X1: Float[Array | np.ndarray, "N D"],
+    X2: Float[Array | np.ndarray, "M D"],
     layout: Layout = "blocked",
 ) -> Float[Array, "N*(D+1) M*(D+1)"]:
     """The joint covariance of values and gradients at `X1` and at `X2`, by autodiff.
@@ -163,4 +164,3 @@ def operator_diag(kernel: AbstractKernel, operator: AbstractOperator, X) -> Arra
     return eqx.filter_vmap(one, out_axes=1)(X).reshape(-1)
 
 
-__all__ = ["gram", "gradient_gram", "operator_gram", "operator_diag", "Value"]

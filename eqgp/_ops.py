@@ -169,7 +169,7 @@ def _check_float(name: str, x) -> Array:
 
 
 def linear_recurrence(
-    a: Float[Array, "*batch n"], b: Float[Array, "*batch n"], *, reverse: bool
+    a: Float[Array | np.ndarray, "*batch n"], b: Float[Array | np.ndarray, "*batch n"], *, reverse: bool
 ) -> Float[Array, "*batch n"]:
     """The first-order linear recurrence along the last axis.
 
@@ -199,7 +199,7 @@ def linear_recurrence(
     return linear_recurrence_p.bind(a, b, reverse=bool(reverse))
 
 
-def sumcumprod(x: Float[Array, "*batch n"]) -> Float[Array, "*batch n"]:
+def sumcumprod(x: Float[Array | np.ndarray, "*batch n"]) -> Float[Array, "*batch n"]:
     """`y[..., i] = sum_{j >= i} prod_{k=i..j} x[..., k]` along the last axis.
 
     Runs the native kernels (one custom call, also under `vmap`), and is closed under
@@ -218,7 +218,7 @@ def sumcumprod(x: Float[Array, "*batch n"]) -> Float[Array, "*batch n"]:
     return linear_recurrence_p.bind(x, x, reverse=True)
 
 
-def sumcumprod_reference(x: Float[Array, "*batch n"]) -> Float[Array, "*batch n"]:
+def sumcumprod_reference(x: Float[Array | np.ndarray, "*batch n"]) -> Float[Array, "*batch n"]:
     """Pure-JAX `sumcumprod` (associative scan); the reference the native op is tested on."""
     x = _check_float("x", x)
     return linear_recurrence_reference(x, x, reverse=True)

@@ -1,0 +1,180 @@
+import warnings
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import assert_close, sumcumprod_quadratic, tol
+from hypothesis import given, settings, strategies as st
+from jax.test_util import check_grads
+
+import eqgp
+from eqgp.ops import linear_recurrence, sumcumprod, sumcumprod_reference
+
+
+def test_native_cpu_handler_is_built():
+    # The extension must be there: otherwise every test below would only exercise the fallback.
+    assert "cpu" in eqgp.ops.NATIVE_PLATFORMS
+
+
+def test_ones():
+    assert_close(sumcumprod(jnp.ones(10)), np.arange(10, 0, -1))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("shape", [(0,), (1,), (2,), (1025,), (3, 0), (3, 7), (2, 3, 5), (4, 1025)])
+def test_forward_matches_references(dtype, shape):
+    x = jax.random.uniform(jax.random.key(1), shape, dtype, 0.2, 1.05)
+    y = sumcumprod(x)
+    assert y.shape == shape and y.dtype == dtype
+    if shape[-1] <= 100:
+        assert_close(y, sumcumprod_quadratic(x), **tol(dtype))
+    assert_close(y, sumcumprod_reference(x), **tol(dtype))
+
+
+@pytest.mark.parametrize("reverse", [True, False])
+def test_linear_recurrence_matches_reference(reverse):
+    a, b = jax.random.normal(jax.random.key(2), (2, 3, 50))
+    z = linear_recurrence(a, b, reverse=reverse)
+    zr = np.zeros((3, 50))
+    acc = np.zeros(3)
+    order = range(49, -1, -1) if reverse else range(50)
+    for i in order:
+        acc = np.asarray(a[:, i]) * acc + np.asarray(b[:, i])
+        zr[:, i] = acc
+    assert_close(z, zr, rtol=1e-12, atol=1e-12)
+
+
+def test_transposed_and_strided_inputs():
+    x = jax.random.uniform(jax.random.key(3), (40, 30), jnp.float64, 0.2, 1.0)
+    assert_close(jax.jit(lambda x: sumcumprod(x.T))(x), sumcumprod_quadratic(np.asarray(x).T), rtol=1e-12)
+    assert_close(jax.jit(lambda x: sumcumprod(x[::2, ::3]))(x), sumcumprod_quadratic(np.asarray(x)[::2, ::3]), rtol=1e-12)
+
+
+def test_vmap_is_one_custom_call_and_per_row():
+    out = jax.vmap(sumcumprod)(jnp.ones((10, 10)))
+    assert_close(out, np.tile(np.arange(10, 0, -1), (10, 1)))
+    hlo = jax.jit(jax.vmap(sumcumprod)).lower(jnp.ones((10, 10))).compile().as_text()
+    assert hlo.count("custom-call(") == 1
+    assert "while" not in hlo
+
+
+@pytest.mark.parametrize("in_axes", [0, 1])
+def test_vmap_axes(in_axes):
+    x = jax.random.uniform(jax.random.key(4), (6, 7, 5), jnp.float64, 0.2, 1.0)
+    out = jax.vmap(sumcumprod, in_axes=in_axes)(x)
+    assert_close(out, sumcumprod_quadratic(np.moveaxis(np.asarray(x), in_axes, 0)), rtol=1e-12)
+
+
+def test_nested_vmap():
+    x = jax.random.uniform(jax.random.key(5), (3, 4, 6), jnp.float64, 0.2, 1.0)
+    out = jax.vmap(jax.vmap(sumcumprod, in_axes=1), in_axes=0)(x)
+    assert_close(out, sumcumprod_quadratic(np.swapaxes(np.asarray(x), 1, 2)), rtol=1e-12)
+    hlo = jax.jit(jax.vmap(jax.vmap(sumcumprod))).lower(x).compile().as_text()
+    assert hlo.count("custom-call(") == 1
+
+
+def test_vmap_of_linear_recurrence_with_one_operand_unbatched():
+    a = jax.random.uniform(jax.random.key(6), (8,), jnp.float64, 0.2, 1.0)
+    B = jax.random.normal(jax.random.key(7), (5, 8))
+    out = jax.vmap(lambda b: linear_recurrence(a, b, reverse=False))(B)
+    assert_close(out, jnp.stack([linear_recurrence(a, b, reverse=False) for b in B]), rtol=1e-12)
+
+
+@pytest.mark.parametrize("modes", [("fwd",), ("rev",), ("fwd", "rev")])
+def test_check_grads_order_2(modes):
+    x = jax.random.uniform(jax.random.key(8), (3, 6), jnp.float64, 0.3, 1.0)
+    check_grads(sumcumprod, (x,), order=2, modes=modes)
+    a, b = jax.random.uniform(jax.random.key(9), (2, 3, 6), jnp.float64, 0.3, 1.0)
+    for reverse in (True, False):
+        check_grads(lambda a, b: linear_recurrence(a, b, reverse=reverse), (a, b), order=2, modes=modes)
+
+
+def test_jacobians_and_hessian_match_reference():
+    x = jax.random.uniform(jax.random.key(10), (9,), jnp.float64, 0.2, 1.1)
+
+    def f(v):
+        return jnp.sum(jnp.sin(sumcumprod(v)))
+
+    def fr(v):
+        return jnp.sum(jnp.sin(sumcumprod_reference(v)))
+
+    assert_close(jax.jacfwd(sumcumprod)(x), jax.jacfwd(sumcumprod_reference)(x), rtol=1e-12)
+    assert_close(jax.jacrev(sumcumprod)(x), jax.jacfwd(sumcumprod_reference)(x), rtol=1e-12)
+    assert_close(jax.hessian(f)(x), jax.hessian(fr)(x), rtol=1e-10, atol=1e-12)
+    assert_close(jax.grad(f)(x), jax.grad(fr)(x), rtol=1e-12)
+    # Third order, forward over reverse over forward.
+    third = jax.jacfwd(jax.hessian(f))(x)
+    assert_close(third, jax.jacfwd(jax.hessian(fr))(x), rtol=1e-9, atol=1e-10)
+
+
+def test_grad_runs_native_recurrences_only():
+    x = jnp.ones((4, 16))
+    hlo = jax.jit(jax.grad(lambda v: jnp.sum(sumcumprod(v) ** 2))).lower(x).compile().as_text()
+    assert hlo.count("custom-call(") == 2  # forward and its transpose
+
+
+def test_vmap_of_grad():
+    X = jax.random.uniform(jax.random.key(11), (4, 9), jnp.float64, 0.2, 1.0)
+    g = jax.vmap(jax.grad(lambda v: jnp.sum(sumcumprod(v) ** 2)))(X)
+    gr = jax.vmap(jax.grad(lambda v: jnp.sum(sumcumprod_reference(v) ** 2)))(X)
+    assert_close(g, gr, rtol=1e-12)
+
+
+@pytest.mark.parametrize("x", [jnp.ones(3, jnp.int32), jnp.ones(3, jnp.complex64), jnp.ones(3, bool)])
+def test_bad_dtype_is_type_error(x):
+    # Under the test suite's jaxtyping hook the annotation check fires first; both name `x`.
+    with pytest.raises(TypeError, match="float32 or float64|parameter 'x'"):
+        sumcumprod(x)
+
+
+def test_scalar_is_value_error():
+    with pytest.raises((ValueError, TypeError), match="at least one axis|parameter 'x'"):
+        sumcumprod(jnp.float64(1.0))
+
+
+def test_reverse_must_be_bool():
+    with pytest.raises(TypeError, match="reverse"):
+        linear_recurrence(jnp.ones(3), jnp.ones(3), reverse=1)
+
+
+def test_mismatched_operands():
+    with pytest.raises(ValueError, match="same shape and dtype"):
+        linear_recurrence(jnp.ones(3), jnp.ones(4), reverse=True)
+
+
+def test_reference_fallback_warns_once(monkeypatch):
+    import eqgp._ops as ops
+
+    monkeypatch.setattr(ops, "_fallback_warned", False)
+    with pytest.warns(RuntimeWarning, match="pure-JAX"):
+        ops._fallback(jnp.ones(3), jnp.ones(3), reverse=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ops._fallback(jnp.ones(3), jnp.ones(3), reverse=True)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    shape=st.lists(st.integers(0, 5), min_size=1, max_size=3),
+    seed=st.integers(0, 2**31 - 1),
+    lo=st.floats(-1.5, 0.0),
+    hi=st.floats(0.1, 1.2),
+)
+def test_property_matches_quadratic(shape, seed, lo, hi):
+    x = jax.random.uniform(jax.random.key(seed), tuple(shape), jnp.float64, lo, hi)
+    assert_close(sumcumprod(x), sumcumprod_quadratic(x), rtol=1e-10, atol=1e-12)
+
+
+def test_float32_grad():
+    x = jax.random.uniform(jax.random.key(12), (5, 33), jnp.float32, 0.2, 1.0)
+    g = jax.grad(lambda v: jnp.sum(sumcumprod(v)))(x)
+    gr = jax.grad(lambda v: jnp.sum(sumcumprod_reference(v)))(x)
+    assert g.dtype == jnp.float32
+    assert_close(g, gr, **tol(jnp.float32))
+
+
+def test_under_filter_jit():
+    x = jnp.linspace(0.1, 0.9, 12)
+    assert_close(eqx.filter_jit(sumcumprod)(x), sumcumprod_quadratic(x), rtol=1e-12)
