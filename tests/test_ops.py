@@ -140,7 +140,7 @@ def test_reverse_must_be_bool():
 
 
 def test_mismatched_operands():
-    with pytest.raises(ValueError, match="same shape and dtype"):
+    with pytest.raises((ValueError, TypeError), match="same shape and dtype|parameter 'b'"):
         linear_recurrence(jnp.ones(3), jnp.ones(4), reverse=True)
 
 
