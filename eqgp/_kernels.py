@@ -1,13 +1,16 @@
 import abc
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
+
+# A constrained hyper-parameter as given to a constructor: a number, an array or a list.
+Hyper = ArrayLike | Sequence[float]
 
 
 def _inverse_softplus(y):
@@ -138,7 +141,7 @@ class RBF(AbstractStationaryKernel):
     raw_lengthscale: Float[Array, "*D"]
     raw_variance: Float[Array, ""]
 
-    def __init__(self, lengthscale: ArrayLike = 1.0, variance: ArrayLike = 1.0):
+    def __init__(self, lengthscale: Hyper = 1.0, variance: ArrayLike = 1.0):
         """**Arguments:** `lengthscale` (a scalar, or one per input dimension for ARD) and
         `variance`, both positive."""
         self.raw_lengthscale = _positive("lengthscale", lengthscale, vector=True)
@@ -191,7 +194,7 @@ class Matern12(AbstractStationaryKernel):
     raw_lengthscale: Float[Array, "*D"]
     raw_variance: Float[Array, ""]
 
-    def __init__(self, lengthscale: ArrayLike = 1.0, variance: ArrayLike = 1.0):
+    def __init__(self, lengthscale: Hyper = 1.0, variance: ArrayLike = 1.0):
         """**Arguments:** `lengthscale` (scalar or one per dimension) and `variance`, positive."""
         self.raw_lengthscale = _positive("lengthscale", lengthscale, vector=True)
         self.raw_variance = _positive("variance", variance)
@@ -207,7 +210,7 @@ class Matern32(AbstractStationaryKernel):
     raw_lengthscale: Float[Array, "*D"]
     raw_variance: Float[Array, ""]
 
-    def __init__(self, lengthscale: ArrayLike = 1.0, variance: ArrayLike = 1.0):
+    def __init__(self, lengthscale: Hyper = 1.0, variance: ArrayLike = 1.0):
         """**Arguments:** `lengthscale` (scalar or one per dimension) and `variance`, positive."""
         self.raw_lengthscale = _positive("lengthscale", lengthscale, vector=True)
         self.raw_variance = _positive("variance", variance)
@@ -224,7 +227,7 @@ class Matern52(AbstractStationaryKernel):
     raw_lengthscale: Float[Array, "*D"]
     raw_variance: Float[Array, ""]
 
-    def __init__(self, lengthscale: ArrayLike = 1.0, variance: ArrayLike = 1.0):
+    def __init__(self, lengthscale: Hyper = 1.0, variance: ArrayLike = 1.0):
         """**Arguments:** `lengthscale` (scalar or one per dimension) and `variance`, positive."""
         self.raw_lengthscale = _positive("lengthscale", lengthscale, vector=True)
         self.raw_variance = _positive("variance", variance)
@@ -241,7 +244,7 @@ class RationalQuadratic(AbstractStationaryKernel):
     raw_alpha: Float[Array, ""]
 
     def __init__(
-        self, lengthscale: ArrayLike = 1.0, variance: ArrayLike = 1.0, alpha: ArrayLike = 1.0
+        self, lengthscale: Hyper = 1.0, variance: ArrayLike = 1.0, alpha: ArrayLike = 1.0
     ):
         """**Arguments:** `lengthscale` (scalar or one per dimension), `variance` and the
         scale-mixture parameter `alpha`, all positive."""
@@ -267,7 +270,7 @@ class Periodic(AbstractKernel):
     raw_period: Float[Array, "*D"]
 
     def __init__(
-        self, lengthscale: ArrayLike = 1.0, variance: ArrayLike = 1.0, period: ArrayLike = 1.0
+        self, lengthscale: Hyper = 1.0, variance: ArrayLike = 1.0, period: Hyper = 1.0
     ):
         """**Arguments:** `lengthscale` and `period` (each a scalar or one per dimension)
         and `variance`, all positive."""

@@ -1,5 +1,6 @@
 """Shared tolerances and independent references for the tests."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,4 +64,4 @@ def sumcumprod_quadratic(x):
 
 def jit_roundtrip(tree):
     """A pytree passed through jit unchanged."""
-    return jax.jit(lambda t: t)(tree)
+    return eqx.filter_jit(lambda t: t)(tree)

@@ -1,0 +1,181 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import assert_close, central_diff, fd_cross_cov
+from test_kernels import ALL_KERNELS, _points
+
+import eqgp
+from eqgp import kernels
+
+REF = np.load(__file__.rsplit("/", 1)[0] + "/data/gpytorch_reference.npz")
+# Kernels whose process is differentiable (Matérn-1/2 is not; White is not continuous).
+SMOOTH = sorted(set(ALL_KERNELS) - {"m12", "white"})
+
+
+def _blocked_to_interleaved(A, N, M, D):
+    return A.reshape(D + 1, N, D + 1, M).transpose(1, 0, 3, 2).reshape(N * (D + 1), M * (D + 1))
+
+
+@pytest.mark.parametrize("name", SMOOTH)
+def test_gradient_gram_matches_finite_differences(name):
+    kernel = ALL_KERNELS[name]()
+    X1, X2 = _points(3, seed=2), _points(2, seed=3)
+    G = eqgp.gradient_gram(kernel, X1, X2, layout="interleaved")
+    G = np.asarray(G).reshape(3, 4, 2, 4)
+    for i in range(3):
+        for j in range(2):
+            assert_close(G[i, :, j, :], fd_cross_cov(kernel, X1[i], X2[j]), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", SMOOTH)
+def test_hessian_blocks_match_finite_differences(name):
+    kernel = ALL_KERNELS[name]()
+    x1, x2 = _points(1, seed=4)[0], _points(1, seed=5)[0]
+    # cov(d2f/dx_i dx_j at x1, f at x2) = d2k/dx1_i dx1_j: finite differences of autodiff-free gradients.
+    H = eqgp.operator_gram(kernel, (eqgp.Hessian(), x1[None]), (eqgp.Value(), x2[None]))[:, 0]
+    fd = central_diff(lambda a: central_diff(lambda b: kernel(b, x2), a, 1e-4), x1, 1e-4)
+    iu = np.triu_indices(D := 3)
+    assert_close(H, fd[iu], rtol=1e-5, atol=1e-6)
+    del D
+
+
+def test_blocked_layout_and_target_order():
+    k = kernels.RBF([0.7, 1.3])
+    X1, X2 = _points(4)[:, :2], _points(3, seed=1)[:, :2]
+    B = eqgp.gradient_gram(k, X1, X2)
+    I = eqgp.gradient_gram(k, X1, X2, layout="interleaved")
+    assert B.shape == (12, 9)
+    assert_close(_blocked_to_interleaved(B, 4, 3, 2), I, rtol=1e-14)
+    # Component-major blocks equal the separately built operator blocks.
+    assert_close(B[:4, :3], eqgp.gram(k, X1, X2), rtol=1e-14)
+    assert_close(B[4:, 3:], eqgp.operator_gram(k, (eqgp.Gradient(), X1), (eqgp.Gradient(), X2)), rtol=1e-14)
+    assert_close(B[4:8, 3:6], eqgp.operator_gram(k, (eqgp.Partial(0), X1), (eqgp.Partial([0]), X2)), rtol=1e-14)
+
+
+@pytest.mark.parametrize("key", ["rbf_grad_interleaved", "matern52_grad_interleaved"])
+def test_matches_gpytorch(key):
+    kern = {"rbf": kernels.RBF, "matern52": kernels.Matern52}[key.split("_")[0]](REF["lengthscale"])
+    G = eqgp.gradient_gram(kern, jnp.asarray(REF["X1"]), jnp.asarray(REF["X2"]), layout="interleaved")
+    assert_close(G, REF[key], rtol=1e-10, atol=1e-12)
+
+
+def test_matches_gpytorch_self_and_gradgrad():
+    X1 = jnp.asarray(REF["X1"])
+    k = kernels.Matern52(REF["lengthscale"])
+    assert_close(eqgp.gradient_gram(k, X1, X1, layout="interleaved"), REF["matern52_grad_self_interleaved"], rtol=1e-10, atol=1e-12)
+    # GPyTorch's GradGrad: per point [f, df/dx_i, d2f/dx_i^2], reordered from our operator groups.
+    k = kernels.RBF(REF["lengthscale"])
+    ops = [(eqgp.Value(), X1), (eqgp.Gradient(), X1), (eqgp.Hessian(diagonal=True), X1)]
+    A = eqgp.operator_gram(k, ops, ops)
+    N, D = X1.shape
+    perm = np.concatenate([np.r_[i, N + np.arange(D) * N + i, N * (D + 1) + np.arange(D) * N + i] for i in range(N)])
+    assert_close(A[np.ix_(perm, perm)], REF["rbf_gradgrad_self_interleaved"], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("offset", [0.0, 1e-12])
+@pytest.mark.parametrize(
+    "kern, d2",
+    [
+        (kernels.Matern52(0.7), 5 / (3 * 0.7**2)),
+        (kernels.Matern32(0.7), 3 / 0.7**2),
+        (kernels.RBF(0.7), 1 / 0.7**2),
+        (kernels.RationalQuadratic(0.7, alpha=2.0), 1 / 0.7**2),
+        (kernels.Periodic(0.7, period=2.0), 4 * np.pi**2 / (2.0**2 * 0.7**2)),
+    ],
+)
+def test_coincident_points_exact_and_finite(kern, d2, dtype, offset):
+    x = jnp.array([[0.3, -0.2]], dtype)
+    y = x + jnp.asarray(offset, dtype)
+    G = eqgp.gradient_gram(kern, x, y)
+    assert bool(jnp.all(jnp.isfinite(G)))
+    expected = np.zeros((3, 3))
+    expected[0, 0] = 1.0
+    expected[1, 1] = expected[2, 2] = d2
+    rtol = 1e-5 if dtype == jnp.float32 else 1e-9
+    assert_close(G, expected, rtol=rtol, atol=rtol * d2)
+
+
+def test_seed_rbf_1d():
+    X = jnp.linspace(0, 10, 50)[:, None]
+    G = eqgp.gradient_gram(kernels.RBF(1.0), X, X)
+    assert G.shape == (100, 100)
+    assert_close(jnp.diag(G[:50, :50]), 1.0)
+    assert_close(jnp.diag(G[:50, 50:]), 0.0, atol=1e-15)
+    assert_close(jnp.diag(G[50:, :50]), 0.0, atol=1e-15)
+    assert_close(jnp.diag(G[50:, 50:]), 1.0)
+
+
+@pytest.mark.parametrize("name", SMOOTH)
+def test_gradient_gram_symmetric_psd(name):
+    kernel = ALL_KERNELS[name]()
+    X = _points(8, seed=7)
+    G = eqgp.gradient_gram(kernel, X, X)
+    assert_close(G, G.T, rtol=1e-10, atol=1e-12)
+    ev = np.linalg.eigvalsh(np.asarray(G))
+    assert ev.min() >= -1e-8 * max(ev.max(), 1.0)
+
+
+def test_directional_and_partial():
+    k = kernels.RBF([0.9, 1.4, 1.1])
+    X = _points(4)
+    v = jnp.array([0.3, -1.0, 2.0])
+    Dv = eqgp.operator_gram(k, (eqgp.Directional(v), X), (eqgp.Value(), X))
+    Gr = eqgp.operator_gram(k, (eqgp.Gradient(), X), (eqgp.Value(), X)).reshape(3, 4, 4)
+    assert_close(Dv, jnp.einsum("d,dij->ij", v, Gr), rtol=1e-12)
+    P = eqgp.operator_gram(k, (eqgp.Partial([2, 0]), X), (eqgp.Partial(1), X))
+    full = eqgp.operator_gram(k, (eqgp.Gradient(), X), (eqgp.Gradient(), X)).reshape(3, 4, 3, 4)
+    assert_close(P.reshape(2, 4, 1, 4), np.asarray(full)[[2, 0]][:, :, [1]], rtol=1e-12)
+
+
+def test_mixed_groups_shape_and_diag():
+    k = kernels.Matern52(1.0)
+    X, Z = _points(5), _points(3, seed=9)
+    obs = [(eqgp.Value(), X), (eqgp.Partial([1]), Z), (eqgp.Hessian(), Z)]
+    A = eqgp.operator_gram(k, obs, obs)
+    assert A.shape == (5 + 3 + 18, 5 + 3 + 18)
+    assert_close(eqgp.operator_diag(k, eqgp.Gradient(), X), jnp.diag(eqgp.operator_gram(k, (eqgp.Gradient(), X), (eqgp.Gradient(), X))), rtol=1e-13)
+
+
+def test_errors_name_the_argument():
+    k = kernels.RBF()
+    X = _points(3)
+    with pytest.raises((TypeError, ValueError), match="X2"):
+        eqgp.gradient_gram(k, X, X[:, :2])
+    with pytest.raises((TypeError, ValueError), match="X1"):
+        eqgp.gram(k, jnp.ones((3, 2), jnp.int32), jnp.ones((3, 2)))
+    with pytest.raises((TypeError, ValueError), match="X1"):
+        eqgp.gram(k, jnp.ones(3), jnp.ones((3, 1)))
+    with pytest.raises((TypeError, ValueError), match="layout"):
+        eqgp.gradient_gram(k, X, X, layout="bogus")
+    with pytest.raises((TypeError, ValueError), match="kernel"):
+        eqgp.gram(lambda a, b: 1.0, X, X)
+    with pytest.raises(ValueError, match="dimension 5"):
+        eqgp.operator_gram(k, (eqgp.Partial(5), X), (eqgp.Value(), X))
+
+
+def test_zero_points():
+    k = kernels.RBF()
+    X = jnp.zeros((0, 2))
+    assert eqgp.gradient_gram(k, X, _points(2)[:, :2]).shape == (0, 6)
+    assert eqgp.gram(k, X, X).shape == (0, 0)
+
+
+def test_gram_jit_and_grad_wrt_hyperparameters():
+    X = _points(5)
+
+    def f(k):
+        return jnp.sum(eqgp.gradient_gram(k, X, X) ** 2)
+
+    k = kernels.Matern52([0.8, 1.1, 1.3])
+    g = jax.jit(jax.grad(f))(k)
+    eps = 1e-6
+    num = []
+    for i in range(3):
+        e = jnp.zeros(3).at[i].set(eps)
+        kp = kernels.Matern52(k.lengthscale + e)
+        km = kernels.Matern52(k.lengthscale - e)
+        num.append((f(kp) - f(km)) / (2 * eps))
+    # d/d raw = d/d ls * sigmoid(raw)
+    assert_close(g.raw_lengthscale, np.asarray(num) * jax.nn.sigmoid(k.raw_lengthscale), rtol=1e-6)
