@@ -1,3 +1,4 @@
+import functools
 import math
 from collections.abc import Callable
 
@@ -47,7 +48,7 @@ def _group_noise(noise: Array, g: ObservationGroup) -> Array:
     return jnp.repeat(total, g.X.shape[0])
 
 
-@jax.custom_vjp
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _gaussian_loglik(solver: AbstractSolver, K: Array, r: Array) -> Array:
     state = solver.init(K)
     alpha = solver.solve(state, r)
@@ -68,8 +69,7 @@ def _gaussian_loglik_bwd(solver, res, g):
     n = alpha.shape[0]
     Kinv = solver.solve(state, jnp.eye(n, dtype=alpha.dtype))
     dK = 0.5 * g * (jnp.outer(alpha, alpha) - Kinv)
-    solver_ct = jax.tree_util.tree_map(jnp.zeros_like, solver)
-    return solver_ct, dK, -g * alpha
+    return dK, -g * alpha
 
 
 _gaussian_loglik.defvjp(_gaussian_loglik_fwd, _gaussian_loglik_bwd)
@@ -91,7 +91,7 @@ class GaussianProcess(eqx.Module):
     def __init__(
         self,
         kernel: AbstractKernel,
-        mean: Callable | None = None,
+        mean: Callable | float | None = None,
         noise=1e-2,
         solver: AbstractSolver | None = None,
     ):
@@ -158,6 +158,7 @@ class GaussianProcess(eqx.Module):
         y = eqx.error_if(y, ~jnp.all(jnp.isfinite(y)), "eqgp: the observation targets hold NaN or inf.")
         return K, y - m
 
+    @eqx.filter_jit
     def log_marginal_likelihood(self, obs: Observations) -> Float[Array, ""]:
         """The exact log marginal likelihood `log p(obs | model)`.
 
@@ -167,6 +168,7 @@ class GaussianProcess(eqx.Module):
         K, r = self._prior(obs)
         return _gaussian_loglik(self.solver, K, r)
 
+    @eqx.filter_jit
     def condition(self, obs: Observations) -> "Posterior":
         """The posterior given `obs`: predictive means, variances, covariances and samples
         of any operator (values, gradients, ...) of the latent function at new points."""
@@ -206,12 +208,14 @@ class Posterior(eqx.Module):
         g = self.obs.groups[noise_group]
         return _group_noise(self.gp._noise_for(self.obs)[noise_group], g)[:: g.X.shape[0]].repeat(N)
 
+    @eqx.filter_jit
     def mean(self, X: Float[Array | np.ndarray, "N D"], operator: AbstractOperator = Value()) -> Array:
         """Predictive mean of `operator` of the latent function at `X`."""
         X, P, Ks = self._cross(X, operator)
         m = eqx.filter_vmap(lambda x: operator.apply(self.gp.mean, x), out_axes=1)(X).reshape(-1)
         return _unflatten(m + Ks @ self.alpha, X.shape[0], P)
 
+    @eqx.filter_jit
     def variance(
         self,
         X: Float[Array | np.ndarray, "N D"],
@@ -227,6 +231,7 @@ class Posterior(eqx.Module):
         var = jnp.maximum(var, 0.0) + self._noise(noise_group, P, X.shape[0], X.dtype)
         return _unflatten(var, X.shape[0], P)
 
+    @eqx.filter_jit
     def covariance(
         self,
         X: Float[Array | np.ndarray, "N D"],
@@ -241,6 +246,7 @@ class Posterior(eqx.Module):
         return cov + jnp.diag(jnp.broadcast_to(
             self._noise(noise_group, P, X.shape[0], X.dtype), (cov.shape[0],)))
 
+    @eqx.filter_jit
     def sample(
         self,
         key: PRNGKeyArray,

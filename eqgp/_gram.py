@@ -46,6 +46,7 @@ def _cross(kernel, op1: AbstractOperator, X1, op2: AbstractOperator, X2, layout:
     return mapped(X1, X2).reshape(N * P1, M * P2)
 
 
+@eqx.filter_jit
 def gram(
     kernel: AbstractKernel, X1: Float[Array | np.ndarray, "N D"], X2: Float[Array | np.ndarray, "M D"]
 ) -> Float[Array, "N M"]:
@@ -67,6 +68,7 @@ def gram(
     return f(X1, X2)
 
 
+@eqx.filter_jit
 def gradient_gram(
     kernel: AbstractKernel,
     X1: Float[Array | np.ndarray, "N D"],
@@ -120,6 +122,7 @@ def _as_groups(name: str, obs) -> list[tuple[AbstractOperator, Array]]:
     return groups
 
 
+@eqx.filter_jit
 def operator_gram(kernel: AbstractKernel, obs1, obs2, layout: Layout = "blocked") -> Array:
     """The covariance between groups of linear observations, by autodiff.
 
@@ -152,6 +155,7 @@ def operator_gram(kernel: AbstractKernel, obs1, obs2, layout: Layout = "blocked"
     return jnp.concatenate(rows, axis=0)
 
 
+@eqx.filter_jit
 def operator_diag(kernel: AbstractKernel, operator: AbstractOperator, X) -> Array:
     """The variances `cov(L f(X_i), L f(X_i))` of one operator at each point, without the
     off-diagonal: shape `(P N,)`, component-major like `operator_gram`."""

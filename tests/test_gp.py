@@ -1,0 +1,213 @@
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from helpers import assert_close
+
+import eqgp
+from eqgp import kernels
+
+REF = np.load(__file__.rsplit("/", 1)[0] + "/data/gpytorch_reference.npz")
+
+
+def _f(X):
+    return jnp.sin(X[:, 0]) * jnp.cos(X[:, 1])
+
+
+def _grad_f(X):
+    return jnp.stack([jnp.cos(X[:, 0]) * jnp.cos(X[:, 1]), -jnp.sin(X[:, 0]) * jnp.sin(X[:, 1])], 1)
+
+
+def _data(n=12, seed=0):
+    X = jax.random.uniform(jax.random.key(seed), (n, 2), jnp.float64, -2, 2)
+    return X, _f(X), _grad_f(X)
+
+
+def _gpytorch_model():
+    h = REF["nlml_hypers"]
+    gp = eqgp.GaussianProcess(kernels.RBF(h[2:4], variance=h[1]), mean=float(h[0]), noise=[h[4:7]])
+    Y = REF["nlml_Y_interleaved"]
+    obs = eqgp.Observations.values_and_gradients(jnp.asarray(REF["nlml_X"]), Y[:, 0], Y[:, 1:])
+    return gp, obs
+
+
+def test_nlml_matches_gpytorch():
+    gp, obs = _gpytorch_model()
+    assert_close(-gp.log_marginal_likelihood(obs), REF["nlml_total"], rtol=1e-11)
+
+
+def test_posterior_matches_gpytorch():
+    gp, obs = _gpytorch_model()
+    post = gp.condition(obs)
+    Xs = jnp.asarray(REF["post_Xs"])
+    assert_close(post.mean(Xs, eqgp.ValueAndGradient()), REF["post_mean_interleaved"], rtol=1e-7, atol=1e-8)
+    assert_close(post.variance(Xs, eqgp.ValueAndGradient()), REF["post_var_interleaved"], rtol=1e-6, atol=1e-8)
+
+
+def _dense_pieces(gp, obs):
+    K = eqgp.operator_gram(gp.kernel, obs, obs)
+    noise = gp._noise_for(obs)
+    diag = jnp.concatenate([
+        jnp.repeat(jnp.broadcast_to(n, (g.targets.shape[1],)) + g.noise, g.X.shape[0])
+        for g, n in zip(obs.groups, noise)
+    ])
+    def group_mean(g):
+        return jax.vmap(lambda x: g.operator.apply(gp.mean, x), out_axes=1)(g.X).reshape(-1)
+
+    m = jnp.concatenate([group_mean(g) for g in obs.groups])
+    return K + jnp.diag(diag), m
+
+
+def _mixed_obs():
+    X, y, G = _data(10)
+    Z = jax.random.uniform(jax.random.key(3), (4, 2), jnp.float64, -2, 2)
+    return eqgp.Observations(
+        (eqgp.Value(), X, y),
+        (eqgp.Partial([1]), Z, _grad_f(Z)[:, 1:]),
+        (eqgp.Gradient(), Z[:2], _grad_f(Z[:2]), 1e-4),
+    )
+
+
+def test_lml_equals_logpdf_and_grad_equals_autodiff_through_cholesky():
+    obs = _mixed_obs()
+    gp = eqgp.GaussianProcess(kernels.Matern52([0.9, 1.3], variance=1.2), mean=0.3, noise=[1e-3, 2e-3, 3e-3])
+
+    def dense(gp):
+        K, m = _dense_pieces(gp, obs)
+        return jax.scipy.stats.multivariate_normal.logpdf(obs.flat_targets(), m, K)
+
+    assert_close(gp.log_marginal_likelihood(obs), dense(gp), rtol=1e-11)
+    g = eqx.filter_grad(lambda m: m.log_marginal_likelihood(obs))(gp)
+    g_ref = eqx.filter_grad(dense)(gp)
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
+        assert_close(a, b, rtol=1e-8, atol=1e-10)
+
+
+def test_posterior_equals_direct_dense_formula():
+    obs = _mixed_obs()
+    gp = eqgp.GaussianProcess(kernels.RBF([0.9, 1.3]), mean=0.1, noise=[1e-3, 2e-3, 3e-3])
+    post = gp.condition(obs)
+    Xs = jax.random.uniform(jax.random.key(9), (6, 2), jnp.float64, -2, 2)
+    K, m = _dense_pieces(gp, obs)
+    op = eqgp.ValueAndGradient()
+    Ks = eqgp.operator_gram(gp.kernel, (op, Xs), obs)
+    Kss = eqgp.operator_gram(gp.kernel, (op, Xs), (op, Xs))
+    ms = jnp.concatenate([jnp.full(6, 0.1), jnp.zeros(12)])
+    mean = ms + Ks @ jnp.linalg.solve(K, obs.flat_targets() - m)
+    cov = Kss - Ks @ jnp.linalg.solve(K, Ks.T)
+    assert_close(post.mean(Xs, op), mean.reshape(3, 6).T, rtol=1e-9, atol=1e-10)
+    assert_close(post.covariance(Xs, op), cov, rtol=1e-7, atol=1e-10)
+    assert_close(post.variance(Xs, op), jnp.diag(cov).reshape(3, 6).T, rtol=1e-7, atol=1e-10)
+    assert_close(post.variance(Xs), jnp.diag(cov)[:6], rtol=1e-7, atol=1e-10)
+    # Noisy predictions add the group's noise.
+    assert_close(post.variance(Xs, noise_group=0), jnp.diag(cov)[:6] + 1e-3, rtol=1e-7, atol=1e-10)
+
+
+def test_gradient_posterior_interpolates_observed_gradients():
+    X, y, G = _data(15)
+    gp = eqgp.GaussianProcess(kernels.RBF(1.0), noise=1e-8)
+    post = gp.condition(eqgp.Observations.values_and_gradients(X, y, G))
+    assert_close(post.mean(X, eqgp.Gradient()), G, atol=1e-4)
+    assert_close(post.mean(X), y, atol=1e-4)
+    assert float(jnp.max(post.variance(X, eqgp.Gradient()))) < 1e-6
+
+
+def test_gradients_only_and_sampling(getkey):
+    X, _, G = _data(10)
+    gp = eqgp.GaussianProcess(kernels.Matern52(1.0), noise=1e-6)
+    post = gp.condition(eqgp.Observations.gradients(X, G))
+    Xs = X[:3]
+    s = post.sample(getkey(), Xs, eqgp.Gradient(), num_samples=4000)
+    assert s.shape == (4000, 3, 2)
+    assert_close(s.mean(0), post.mean(Xs, eqgp.Gradient()), atol=5e-3)
+    s1 = post.sample(getkey(), Xs, num_samples=3000)
+    assert s1.shape == (3000, 3)
+    assert_close(s1.var(0), post.variance(Xs), rtol=0.15, atol=1e-3)
+
+
+def test_mean_module_enters_derivative_observations():
+    class Linear(eqx.Module):
+        w: jax.Array
+
+        def __call__(self, x):
+            return x @ self.w
+
+    X, y, G = _data(5)
+    gp = eqgp.GaussianProcess(kernels.RBF(1.0), mean=Linear(jnp.array([2.0, -1.0])), noise=1e-6)
+    post = gp.condition(eqgp.Observations.values_and_gradients(X, 2 * X[:, 0] - X[:, 1], jnp.tile(jnp.array([2.0, -1.0]), (5, 1))))
+    Xs = jax.random.uniform(jax.random.key(4), (3, 2), jnp.float64, -2, 2)
+    # Data exactly equal to the mean: the posterior is the mean, values and gradients.
+    assert_close(post.mean(Xs), 2 * Xs[:, 0] - Xs[:, 1], atol=1e-10)
+    assert_close(post.mean(Xs, eqgp.Gradient()), jnp.tile(jnp.array([2.0, -1.0]), (3, 1)), atol=1e-10)
+
+
+def test_non_pd_raises_clear_error_under_jit():
+    X = jnp.zeros((3, 1))
+    gp = eqgp.GaussianProcess(kernels.RBF(1.0), noise=1e-30)  # duplicate points, no noise
+    obs = eqgp.Observations.values(X, jnp.zeros(3))
+    with pytest.raises(Exception, match="raise the jitter|Raise the jitter"):
+        eqx.filter_jit(lambda m: m.log_marginal_likelihood(obs))(gp).block_until_ready()
+
+
+def test_nan_targets_raise():
+    gp = eqgp.GaussianProcess(kernels.RBF(1.0))
+    obs = eqgp.Observations.values(jnp.ones((2, 1)), jnp.array([0.0, jnp.nan]))
+    with pytest.raises(Exception, match="NaN"):
+        eqx.filter_jit(lambda m: m.log_marginal_likelihood(obs))(gp).block_until_ready()
+
+
+def test_observation_validation():
+    X = jnp.ones((4, 2))
+    with pytest.raises(ValueError, match="targets"):
+        eqgp.ObservationGroup(eqgp.Gradient(), X, jnp.ones((4, 3)))
+    with pytest.raises(ValueError, match="targets"):
+        eqgp.ObservationGroup(eqgp.Value(), X, jnp.ones(5))
+    with pytest.raises(ValueError, match="noise entries"):
+        gp = eqgp.GaussianProcess(kernels.RBF(), noise=[1e-2, 1e-2])
+        gp.log_marginal_likelihood(eqgp.Observations.values(X, jnp.ones(4)))
+
+
+def test_float32_end_to_end():
+    X, y, G = _data(8)
+    X, y, G = X.astype(jnp.float32), y.astype(jnp.float32), G.astype(jnp.float32)
+    gp = eqgp.GaussianProcess(kernels.RBF(1.0), noise=1e-3)
+    gp = jax.tree.map(lambda a: a.astype(jnp.float32) if eqx.is_inexact_array(a) else a, gp)
+    obs = eqgp.Observations.values_and_gradients(X, y, G)
+    lml = gp.log_marginal_likelihood(obs)
+    assert lml.dtype == jnp.float32 and bool(jnp.isfinite(lml))
+    assert post_ok(gp.condition(obs), X)
+
+
+def post_ok(post, X):
+    m = post.mean(X, eqgp.Gradient())
+    return m.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(m)))
+
+
+# optax's bias correction (decay ** count, float ** int32) is not strict-promotion clean.
+@jax.numpy_dtype_promotion("standard")
+def test_fit_and_user_loop_agree_and_improve():
+    X, y, G = _data(12)
+    obs = eqgp.Observations.values_and_gradients(X, y, G)
+    gp0 = eqgp.GaussianProcess(kernels.RBF(0.3), noise=1e-2)
+
+    def loss(m, obs):
+        return -m.log_marginal_likelihood(obs)
+
+    gp1, losses = eqgp.fit(gp0, loss, optax.adam(5e-2), 40, obs, progress=False)
+    assert losses.shape == (40,) and float(losses[-1]) < float(losses[0])
+
+    opt = optax.adam(5e-2)
+    state = opt.init(eqx.filter(gp0, eqx.is_inexact_array))
+
+    @eqx.filter_jit
+    def step(m, state):
+        v, g = eqx.filter_value_and_grad(loss)(m, obs)
+        u, state = opt.update(g, state, eqx.filter(m, eqx.is_inexact_array))
+        return eqx.apply_updates(m, u), state, v
+
+    m = gp0
+    for _ in range(40):
+        m, state, _ = step(m, state)
+    assert_close(m.kernel.lengthscale, gp1.kernel.lengthscale, rtol=1e-10)
