@@ -34,9 +34,7 @@ def closed_form_rbf_grad(X1, X2, lengthscale, variance):
     u = jnp.concatenate([ones, -dd])  # row factors (a, n, m)
     v = jnp.concatenate([ones, dd])  # column factors (b, n, m)
     C = jnp.diag(jnp.concatenate([jnp.zeros(1, X1.dtype), 1.0 / l2]))  # (a, b)
-    A = K[None, :, None, :] * (
-        u[:, :, None, :] * jnp.transpose(v, (1, 0, 2))[None] + C[:, None, :, None]
-    )
+    A = K[None, :, None, :] * (u[:, :, None, :] * jnp.transpose(v, (1, 0, 2))[None] + C[:, None, :, None])
     return A.reshape(N * (D + 1), M * (D + 1))
 
 
@@ -62,9 +60,7 @@ def naive_gradient_gram(kernel, X1, X2):
 
 
 def interleaved_to_blocked(A, N, M, D):
-    return (
-        A.reshape(N, D + 1, M, D + 1).transpose(1, 0, 3, 2).reshape(N * (D + 1), M * (D + 1))
-    )
+    return A.reshape(N, D + 1, M, D + 1).transpose(1, 0, 3, 2).reshape(N * (D + 1), M * (D + 1))
 
 
 def gpytorch_paths():
@@ -76,9 +72,9 @@ def gpytorch_paths():
     torch.set_num_threads(2)
 
     def make(kind, X, ls):
-        k = {"rbf": gpytorch.kernels.RBFKernelGrad, "m52": gpytorch.kernels.Matern52KernelGrad}[
-            kind
-        ](ard_num_dims=X.shape[1]).double()
+        k = {"rbf": gpytorch.kernels.RBFKernelGrad, "m52": gpytorch.kernels.Matern52KernelGrad}[kind](
+            ard_num_dims=X.shape[1]
+        ).double()
         k.lengthscale = torch.tensor(np.asarray(ls))[None]
         Xt = torch.tensor(np.asarray(X))
 
@@ -128,7 +124,9 @@ def main():
     err = float(jnp.max(jnp.abs(ours(X) - naive(X))))
     assert err < 1e-12, err
     t_ours, t_naive = median_time(ours, X), median_time(naive, X)
-    print(f"rbf N=100 D=2: eqgp {t_ours * 1e3:.2f} ms | naive jacfwd {t_naive * 1e3:.2f} ms | naive/eqgp {t_naive / t_ours:.1f}x")
+    print(
+        f"rbf N=100 D=2: eqgp {t_ours * 1e3:.2f} ms | naive jacfwd {t_naive * 1e3:.2f} ms | naive/eqgp {t_naive / t_ours:.1f}x"  # noqa: E501
+    )
     print(f"RESULT derivative_gram {last_ratio:.3f}")
 
 

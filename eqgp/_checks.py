@@ -11,7 +11,7 @@ def as_points(name: str, X, dim: int | None = None) -> jax.Array:
         try:
             X = np.asarray(X)
         except Exception:  # noqa: BLE001 - reported below as a TypeError
-            raise TypeError(f"`{name}` must be an array of shape (N, D); got {type(X).__name__}.")
+            raise TypeError(f"`{name}` must be an array of shape (N, D); got {type(X).__name__}.") from None
     if not jnp.issubdtype(X.dtype, jnp.floating):
         raise TypeError(
             f"`{name}` must be a floating-point array of shape (N, D); got dtype {X.dtype}. "
@@ -19,9 +19,7 @@ def as_points(name: str, X, dim: int | None = None) -> jax.Array:
         )
     if X.ndim != 2:
         hint = f" For one-dimensional inputs use `{name}[:, None]`." if X.ndim == 1 else ""
-        raise ValueError(
-            f"`{name}` must have shape (N, D); got shape {tuple(X.shape)}.{hint}"
-        )
+        raise ValueError(f"`{name}` must have shape (N, D); got shape {tuple(X.shape)}.{hint}")
     if dim is not None and X.shape[1] != dim:
         raise ValueError(
             f"`{name}` has {X.shape[1]} input dimensions (shape {tuple(X.shape)}) but {dim} "

@@ -243,8 +243,7 @@ class Posterior(eqx.Module):
         V = self.gp.solver.solve_lower(self.state, Ks.T)
         cov = operator_gram(self.gp.kernel, (operator, X), (operator, X)) - V.T @ V
         cov = 0.5 * (cov + cov.T)
-        return cov + jnp.diag(jnp.broadcast_to(
-            self._noise(noise_group, P, X.shape[0], X.dtype), (cov.shape[0],)))
+        return cov + jnp.diag(jnp.broadcast_to(self._noise(noise_group, P, X.shape[0], X.dtype), (cov.shape[0],)))
 
     @eqx.filter_jit
     def sample(
@@ -260,13 +259,14 @@ class Posterior(eqx.Module):
         mean = self.mean(X, operator)
         cov = self.covariance(X, operator)
         n = cov.shape[0]
-        L = jnp.linalg.cholesky(cov + jitter * jnp.maximum(jnp.mean(jnp.diagonal(cov)), 1.0) * jnp.eye(n, dtype=cov.dtype))
-        L = eqx.error_if(L, ~jnp.all(jnp.isfinite(L)), "eqgp: the predictive covariance is not positive definite; raise `jitter`.")
+        L = jnp.linalg.cholesky(
+            cov + jitter * jnp.maximum(jnp.mean(jnp.diagonal(cov)), 1.0) * jnp.eye(n, dtype=cov.dtype)
+        )
+        L = eqx.error_if(
+            L, ~jnp.all(jnp.isfinite(L)), "eqgp: the predictive covariance is not positive definite; raise `jitter`."
+        )
         z = jax.random.normal(key, (num_samples, n), dtype=cov.dtype)
         flat = mean.T.reshape(-1) if mean.ndim == 2 else mean
         draws = flat[None] + z @ L.T
         N = X.shape[0]
         return draws if mean.ndim == 1 else draws.reshape(num_samples, -1, N).transpose(0, 2, 1)
-
-
-

@@ -8,16 +8,14 @@ from jaxtyping import Array, Float
 
 from ._checks import as_points, check_same_dtype
 from ._kernels import AbstractKernel
-from ._operators import AbstractOperator, Value, ValueAndGradient
+from ._operators import AbstractOperator, ValueAndGradient
 
 Layout = Literal["blocked", "interleaved"]
 
 
 def _check_kernel(kernel):
     if not isinstance(kernel, AbstractKernel):
-        raise TypeError(
-            f"`kernel` must be an eqgp.kernels.AbstractKernel; got {type(kernel).__name__}."
-        )
+        raise TypeError(f"`kernel` must be an eqgp.kernels.AbstractKernel; got {type(kernel).__name__}.")
 
 
 def _check_layout(layout):
@@ -108,8 +106,7 @@ def _as_groups(name: str, obs) -> list[tuple[AbstractOperator, Array]]:
         obs = [(g.operator, g.X) for g in obs.groups]
     if not isinstance(obs, Sequence) or len(obs) == 0:
         raise TypeError(
-            f"`{name}` must be an (operator, X) pair or a non-empty sequence of them; got "
-            f"{type(obs).__name__}."
+            f"`{name}` must be an (operator, X) pair or a non-empty sequence of them; got {type(obs).__name__}."
         )
     groups = []
     for i, g in enumerate(obs):
@@ -148,10 +145,7 @@ def operator_gram(kernel: AbstractKernel, obs1, obs2, layout: Layout = "blocked"
         for i, (_, X) in enumerate(groups):
             as_points(f"{name}[{i}] points", X, D)
     check_same_dtype(**{f"group{i}": X for i, (_, X) in enumerate(g1 + g2)})
-    rows = [
-        jnp.concatenate([_cross(kernel, a, X1, b, X2, layout) for b, X2 in g2], axis=1)
-        for a, X1 in g1
-    ]
+    rows = [jnp.concatenate([_cross(kernel, a, X1, b, X2, layout) for b, X2 in g2], axis=1) for a, X1 in g1]
     return jnp.concatenate(rows, axis=0)
 
 
@@ -166,5 +160,3 @@ def operator_diag(kernel: AbstractKernel, operator: AbstractOperator, X) -> Arra
         return jnp.diagonal(operator.apply(lambda a: operator.apply(lambda b: kernel(a, b), x), x))
 
     return eqx.filter_vmap(one, out_axes=1)(X).reshape(-1)
-
-

@@ -243,9 +243,7 @@ class RationalQuadratic(AbstractStationaryKernel):
     raw_variance: Float[Array, ""]
     raw_alpha: Float[Array, ""]
 
-    def __init__(
-        self, lengthscale: Hyper = 1.0, variance: ArrayLike = 1.0, alpha: ArrayLike = 1.0
-    ):
+    def __init__(self, lengthscale: Hyper = 1.0, variance: ArrayLike = 1.0, alpha: ArrayLike = 1.0):
         """**Arguments:** `lengthscale` (scalar or one per dimension), `variance` and the
         scale-mixture parameter `alpha`, all positive."""
         self.raw_lengthscale = _positive("lengthscale", lengthscale, vector=True)
@@ -269,9 +267,7 @@ class Periodic(AbstractKernel):
     raw_variance: Float[Array, ""]
     raw_period: Float[Array, "*D"]
 
-    def __init__(
-        self, lengthscale: Hyper = 1.0, variance: ArrayLike = 1.0, period: Hyper = 1.0
-    ):
+    def __init__(self, lengthscale: Hyper = 1.0, variance: ArrayLike = 1.0, period: Hyper = 1.0):
         """**Arguments:** `lengthscale` and `period` (each a scalar or one per dimension)
         and `variance`, all positive."""
         self.raw_lengthscale = _positive("lengthscale", lengthscale, vector=True)

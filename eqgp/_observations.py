@@ -27,9 +27,7 @@ class ObservationGroup(eqx.Module):
         `targets` `(N, P)` (or `(N,)` when the operator has one output), and a known
         noise variance `noise` (scalar or `(P,)`, default 0)."""
         if not isinstance(operator, AbstractOperator):
-            raise TypeError(
-                f"`operator` must be an eqgp operator such as eqgp.Value(); got {operator!r:.80}."
-            )
+            raise TypeError(f"`operator` must be an eqgp operator such as eqgp.Value(); got {operator!r:.80}.")
         X = as_points("X", X)
         P = operator.size(X.shape[1])
         t = jnp.asarray(targets)
@@ -87,8 +85,7 @@ class Observations(eqx.Module):
                 out.append(ObservationGroup(*g))
             else:
                 raise TypeError(
-                    f"group {i} must be an ObservationGroup or (operator, X, targets[, noise]); "
-                    f"got {g!r:.80}."
+                    f"group {i} must be an ObservationGroup or (operator, X, targets[, noise]); got {g!r:.80}."
                 )
         if not out:
             raise ValueError("`Observations` needs at least one group.")
@@ -97,8 +94,7 @@ class Observations(eqx.Module):
             as_points(f"group {i} X", g.X, D)
             if g.X.dtype != out[0].X.dtype:
                 raise TypeError(
-                    f"every group must share one dtype; group 0 is {out[0].X.dtype}, group {i} is "
-                    f"{g.X.dtype}."
+                    f"every group must share one dtype; group 0 is {out[0].X.dtype}, group {i} is {g.X.dtype}."
                 )
         self.groups = tuple(out)
 
@@ -120,9 +116,7 @@ class Observations(eqx.Module):
         y = jnp.asarray(y)
         G = jnp.asarray(G)
         if y.ndim != 1 or G.ndim != 2 or G.shape[0] != y.shape[0]:
-            raise ValueError(
-                f"`y` must be (N,) and `G` (N, D); got {tuple(y.shape)} and {tuple(G.shape)}."
-            )
+            raise ValueError(f"`y` must be (N,) and `G` (N, D); got {tuple(y.shape)} and {tuple(G.shape)}.")
         return cls(ObservationGroup(ValueAndGradient(), X, jnp.concatenate([y[:, None], G], 1), noise))
 
     @property

@@ -44,9 +44,7 @@ if _native_cuda is not None:
         jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
 
 #: Platforms on which `linear_recurrence` runs the native handlers.
-NATIVE_PLATFORMS: tuple[str, ...] = tuple(
-    p for p, m in (("cpu", _native_cpu), ("cuda", _native_cuda)) if m is not None
-)
+NATIVE_PLATFORMS: tuple[str, ...] = tuple(p for p, m in (("cpu", _native_cpu), ("cuda", _native_cuda)) if m is not None)
 
 
 def _shift(z, reverse: bool):
@@ -78,9 +76,7 @@ def _jitted_bind(reverse: bool):
 
 
 linear_recurrence_p.def_impl(lambda a, b, *, reverse: _jitted_bind(reverse)(a, b))
-linear_recurrence_p.def_abstract_eval(
-    lambda a, b, *, reverse: jax.core.ShapedArray(b.shape, b.dtype)
-)
+linear_recurrence_p.def_abstract_eval(lambda a, b, *, reverse: jax.core.ShapedArray(b.shape, b.dtype))
 
 _native_rule = jax.ffi.ffi_lowering(_TARGET)
 
@@ -140,8 +136,7 @@ def _transpose(ct, a, b, *, reverse):
 def _batch(args, dims, *, reverse):
     size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
     moved = [
-        jnp.moveaxis(x, d, 0) if d is not None else jnp.broadcast_to(x, (size,) + x.shape)
-        for x, d in zip(args, dims)
+        jnp.moveaxis(x, d, 0) if d is not None else jnp.broadcast_to(x, (size,) + x.shape) for x, d in zip(args, dims)
     ]
     return linear_recurrence_p.bind(*moved, reverse=reverse), 0
 
@@ -162,8 +157,7 @@ def _check_float(name: str, x) -> Array:
         )
     if x.ndim == 0:
         raise ValueError(
-            f"`{name}` must have at least one axis (the recurrence runs along the last "
-            f"axis); got a scalar."
+            f"`{name}` must have at least one axis (the recurrence runs along the last axis); got a scalar."
         )
     return x
 

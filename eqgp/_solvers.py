@@ -24,11 +24,11 @@ class AbstractSolver(eqx.Module):
         """Factorise `A`; returns the state used by `solve`, `solve_lower` and `logdet`."""
 
     @abc.abstractmethod
-    def solve(self, state, B: Float[Array, "n *k"]) -> Float[Array, "n *k"]:
+    def solve(self, state, B: Float[Array, "n ..."]) -> Float[Array, "n ..."]:
         """`A^{-1} B`."""
 
     @abc.abstractmethod
-    def solve_lower(self, state, B: Float[Array, "n *k"]) -> Float[Array, "n *k"]:
+    def solve_lower(self, state, B: Float[Array, "n ..."]) -> Float[Array, "n ..."]:
         """`L^{-1} B` for a square root `A = L L^T`, so `(L^{-1} B)^T (L^{-1} B) = B^T A^{-1} B`."""
 
     @abc.abstractmethod

@@ -1,6 +1,7 @@
 """Covariance functions: scalar functions of two points, combined with `+` and `*`."""
 
 from ._kernels import (
+    RBF as RBF,
     AbstractKernel as AbstractKernel,
     AbstractStationaryKernel as AbstractStationaryKernel,
     Constant as Constant,
@@ -12,7 +13,6 @@ from ._kernels import (
     Polynomial as Polynomial,
     Product as Product,
     RationalQuadratic as RationalQuadratic,
-    RBF as RBF,
     Sum as Sum,
     Warped as Warped,
     White as White,

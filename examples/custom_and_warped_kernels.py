@@ -35,16 +35,16 @@ def main(steps: int = 300):
     X = jnp.linspace(-1, 1, 9)[:, None]
     y, G = jax.vmap(jax.value_and_grad(f))(X)
     obs = eqgp.Observations.values_and_gradients(X, y, G)
-    warp = eqx.nn.Sequential([
-        eqx.nn.Linear(1, 4, key=jax.random.key(0)),
-        eqx.nn.Lambda(jax.nn.sigmoid),
-        eqgp.nn.SumCumProd(),  # monotone-ish, smooth features through the native op
-    ])
+    warp = eqx.nn.Sequential(
+        [
+            eqx.nn.Linear(1, 4, key=jax.random.key(0)),
+            eqx.nn.Lambda(jax.nn.sigmoid),
+            eqgp.nn.SumCumProd(),  # monotone-ish, smooth features through the native op
+        ]
+    )
     models = {
         "custom Cauchy": eqgp.GaussianProcess(1.0 * CauchyKernel(jnp.asarray(1.0)), noise=1e-4),
-        "warped RBF (SumCumProd)": eqgp.GaussianProcess(
-            kernels.Warped(kernels.RBF(0.1), warp), noise=1e-4
-        ),
+        "warped RBF (SumCumProd)": eqgp.GaussianProcess(kernels.Warped(kernels.RBF(0.1), warp), noise=1e-4),
     }
     xs = jnp.linspace(-1, 1, 400)[:, None]
     truth = jax.vmap(f)(xs)
@@ -55,7 +55,9 @@ def main(steps: int = 300):
         post = gp.condition(obs)
         m = post.mean(xs)
         rmse = float(jnp.sqrt(jnp.mean((m - truth) ** 2)))
-        print(f"{name:25s}: -log marginal likelihood {float(losses[0]):9.3f} -> {float(losses[-1]):9.3f}, test RMSE {rmse:.4f}")
+        print(
+            f"{name:25s}: -log marginal likelihood {float(losses[0]):9.3f} -> {float(losses[-1]):9.3f}, test RMSE {rmse:.4f}"  # noqa: E501
+        )
         ax.plot(xs[:, 0], m, label=f"{name} (RMSE {rmse:.3f})")
     ax.plot(X[:, 0], y, "ko")
     ax.legend()

@@ -33,9 +33,7 @@ def main():
     truth, dtruth = jax.vmap(jax.value_and_grad(f))(xs)
     fig, axes = plt.subplots(2, 2, figsize=(12, 7), sharex=True)
     for col, (name, post) in enumerate(posts.items()):
-        for row, (op, true, label) in enumerate(
-            [(eqgp.Value(), truth, "f"), (eqgp.Gradient(), dtruth[:, 0], "f'")]
-        ):
+        for row, (op, true, label) in enumerate([(eqgp.Value(), truth, "f"), (eqgp.Gradient(), dtruth[:, 0], "f'")]):
             m = post.mean(xs, op).reshape(-1)
             s = jnp.sqrt(post.variance(xs, op)).reshape(-1)
             ax = axes[row, col]

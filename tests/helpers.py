@@ -1,7 +1,6 @@
 """Shared tolerances and independent references for the tests."""
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -43,8 +42,7 @@ def fd_cross_cov(kernel, x1, x2, eps=1e-4):
     for i in range(D):
         for j in range(D):
             out[1 + i, 1 + j] = (
-                k(x1 + E[i], x2 + E[j]) - k(x1 + E[i], x2 - E[j])
-                - k(x1 - E[i], x2 + E[j]) + k(x1 - E[i], x2 - E[j])
+                k(x1 + E[i], x2 + E[j]) - k(x1 + E[i], x2 - E[j]) - k(x1 - E[i], x2 + E[j]) + k(x1 - E[i], x2 - E[j])
             ) / (4 * eps**2)
     return out
 

@@ -49,10 +49,13 @@ def test_posterior_matches_gpytorch():
 def _dense_pieces(gp, obs):
     K = eqgp.operator_gram(gp.kernel, obs, obs)
     noise = gp._noise_for(obs)
-    diag = jnp.concatenate([
-        jnp.repeat(jnp.broadcast_to(n, (g.targets.shape[1],)) + g.noise, g.X.shape[0])
-        for g, n in zip(obs.groups, noise)
-    ])
+    diag = jnp.concatenate(
+        [
+            jnp.repeat(jnp.broadcast_to(n, (g.targets.shape[1],)) + g.noise, g.X.shape[0])
+            for g, n in zip(obs.groups, noise)
+        ]
+    )
+
     def group_mean(g):
         return jax.vmap(lambda x: g.operator.apply(gp.mean, x), out_axes=1)(g.X).reshape(-1)
 
@@ -136,7 +139,9 @@ def test_mean_module_enters_derivative_observations():
 
     X, y, G = _data(5)
     gp = eqgp.GaussianProcess(kernels.RBF(1.0), mean=Linear(jnp.array([2.0, -1.0])), noise=1e-6)
-    post = gp.condition(eqgp.Observations.values_and_gradients(X, 2 * X[:, 0] - X[:, 1], jnp.tile(jnp.array([2.0, -1.0]), (5, 1))))
+    post = gp.condition(
+        eqgp.Observations.values_and_gradients(X, 2 * X[:, 0] - X[:, 1], jnp.tile(jnp.array([2.0, -1.0]), (5, 1)))
+    )
     Xs = jax.random.uniform(jax.random.key(4), (3, 2), jnp.float64, -2, 2)
     # Data exactly equal to the mean: the posterior is the mean, values and gradients.
     assert_close(post.mean(Xs), 2 * Xs[:, 0] - Xs[:, 1], atol=1e-10)

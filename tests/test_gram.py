@@ -63,7 +63,12 @@ def test_matches_gpytorch(key):
 def test_matches_gpytorch_self_and_gradgrad():
     X1 = jnp.asarray(REF["X1"])
     k = kernels.Matern52(REF["lengthscale"])
-    assert_close(eqgp.gradient_gram(k, X1, X1, layout="interleaved"), REF["matern52_grad_self_interleaved"], rtol=1e-10, atol=1e-12)
+    assert_close(
+        eqgp.gradient_gram(k, X1, X1, layout="interleaved"),
+        REF["matern52_grad_self_interleaved"],
+        rtol=1e-10,
+        atol=1e-12,
+    )
     # GPyTorch's GradGrad: per point [f, df/dx_i, d2f/dx_i^2], reordered from our operator groups.
     k = kernels.RBF(REF["lengthscale"])
     ops = [(eqgp.Value(), X1), (eqgp.Gradient(), X1), (eqgp.Hessian(diagonal=True), X1)]
@@ -135,7 +140,11 @@ def test_mixed_groups_shape_and_diag():
     obs = [(eqgp.Value(), X), (eqgp.Partial([1]), Z), (eqgp.Hessian(), Z)]
     A = eqgp.operator_gram(k, obs, obs)
     assert A.shape == (5 + 3 + 18, 5 + 3 + 18)
-    assert_close(eqgp.operator_diag(k, eqgp.Gradient(), X), jnp.diag(eqgp.operator_gram(k, (eqgp.Gradient(), X), (eqgp.Gradient(), X))), rtol=1e-13)
+    assert_close(
+        eqgp.operator_diag(k, eqgp.Gradient(), X),
+        jnp.diag(eqgp.operator_gram(k, (eqgp.Gradient(), X), (eqgp.Gradient(), X))),
+        rtol=1e-13,
+    )
 
 
 def test_errors_name_the_argument():
