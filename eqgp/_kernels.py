@@ -89,6 +89,16 @@ class AbstractKernel(eqx.Module):
         return NotImplemented
 
 
+class AbstractVarianceKernel(AbstractKernel):
+    """A kernel with a positive output scale stored unconstrained as `raw_variance`."""
+
+    raw_variance: eqx.AbstractVar[Float[Array, ""]]
+
+    @property
+    def variance(self) -> Float[Array, ""]:
+        return jax.nn.softplus(self.raw_variance)
+
+
 def _lengthscale(ls: Array, x1: Array) -> Array:
     if ls.ndim == 1 and ls.shape[0] != x1.shape[-1]:
         raise ValueError(
@@ -106,7 +116,7 @@ def _check_pair(x1, x2):
         )
 
 
-class AbstractStationaryKernel(AbstractKernel):
+class AbstractStationaryKernel(AbstractVarianceKernel):
     """A kernel `variance * profile(s)` of the squared scaled distance
     `s = sum(((x1 - x2) / lengthscale) ** 2)`.
 
@@ -115,15 +125,10 @@ class AbstractStationaryKernel(AbstractKernel):
     """
 
     raw_lengthscale: eqx.AbstractVar[Float[Array, "*D"]]
-    raw_variance: eqx.AbstractVar[Float[Array, ""]]
 
     @property
     def lengthscale(self) -> Float[Array, "*D"]:
         return jax.nn.softplus(self.raw_lengthscale)
-
-    @property
-    def variance(self) -> Float[Array, ""]:
-        return jax.nn.softplus(self.raw_variance)
 
     @abc.abstractmethod
     def profile(self, s: Float[Array, ""]) -> Float[Array, ""]:
@@ -259,7 +264,7 @@ class RationalQuadratic(AbstractStationaryKernel):
         return (1.0 + s / (2.0 * alpha)) ** (-alpha)
 
 
-class Periodic(AbstractKernel):
+class Periodic(AbstractVarianceKernel):
     """Periodic (exp-sine-squared):
     `variance * exp(-2 * sum_d sin(pi (x1_d - x2_d) / period) ** 2 / lengthscale_d ** 2)`."""
 
@@ -279,10 +284,6 @@ class Periodic(AbstractKernel):
         return jax.nn.softplus(self.raw_lengthscale)
 
     @property
-    def variance(self):
-        return jax.nn.softplus(self.raw_variance)
-
-    @property
     def period(self):
         return jax.nn.softplus(self.raw_period)
 
@@ -294,7 +295,7 @@ class Periodic(AbstractKernel):
         return _like(self.variance, x1) * jnp.exp(-2.0 * jnp.sum(t * t))
 
 
-class Linear(AbstractKernel):
+class Linear(AbstractVarianceKernel):
     """Linear (dot product): `variance * x1 . x2`."""
 
     raw_variance: Float[Array, ""]
@@ -303,16 +304,12 @@ class Linear(AbstractKernel):
         """**Arguments:** `variance`, positive."""
         self.raw_variance = _positive("variance", variance)
 
-    @property
-    def variance(self):
-        return jax.nn.softplus(self.raw_variance)
-
     def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
         _check_pair(x1, x2)
         return _like(self.variance, x1) * jnp.dot(x1, x2)
 
 
-class Polynomial(AbstractKernel):
+class Polynomial(AbstractVarianceKernel):
     """Polynomial: `(variance * x1 . x2 + offset) ** degree`."""
 
     raw_variance: Float[Array, ""]
@@ -328,10 +325,6 @@ class Polynomial(AbstractKernel):
         self.raw_offset = _positive("offset", offset)
 
     @property
-    def variance(self):
-        return jax.nn.softplus(self.raw_variance)
-
-    @property
     def offset(self):
         return jax.nn.softplus(self.raw_offset)
 
@@ -341,7 +334,7 @@ class Polynomial(AbstractKernel):
         return base**self.degree
 
 
-class Constant(AbstractKernel):
+class Constant(AbstractVarianceKernel):
     """Constant: `variance` for every pair of points."""
 
     raw_variance: Float[Array, ""]
@@ -350,16 +343,12 @@ class Constant(AbstractKernel):
         """**Arguments:** `variance`, positive."""
         self.raw_variance = _positive("variance", variance)
 
-    @property
-    def variance(self):
-        return jax.nn.softplus(self.raw_variance)
-
     def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
         _check_pair(x1, x2)
         return _like(self.variance, x1)
 
 
-class White(AbstractKernel):
+class White(AbstractVarianceKernel):
     """White noise: `variance` where `x1 == x2` exactly, else 0. Its derivative blocks
     are zero (the indicator is flat almost everywhere)."""
 
@@ -368,10 +357,6 @@ class White(AbstractKernel):
     def __init__(self, variance: ArrayLike = 1.0):
         """**Arguments:** `variance`, positive."""
         self.raw_variance = _positive("variance", variance)
-
-    @property
-    def variance(self):
-        return jax.nn.softplus(self.raw_variance)
 
     def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
         _check_pair(x1, x2)

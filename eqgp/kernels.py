@@ -4,6 +4,7 @@ from ._kernels import (
     RBF as RBF,
     AbstractKernel as AbstractKernel,
     AbstractStationaryKernel as AbstractStationaryKernel,
+    AbstractVarianceKernel as AbstractVarianceKernel,
     Constant as Constant,
     Linear as Linear,
     Matern12 as Matern12,
