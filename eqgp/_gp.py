@@ -202,7 +202,12 @@ class Posterior(eqx.Module):
             raise TypeError(f"`X` must have dtype {self.alpha.dtype}; got {X.dtype}.")
         return X, operator.size(X.shape[1]), operator_gram(self.gp.kernel, (operator, X), self.obs)
 
-    def _noise(self, noise_group, P, N, dtype):
+    def _whitened(self, X, operator):
+        # L^{-1} K(obs, X): its column norms are the variance reduction at X.
+        X, P, Ks = self._cross(X, operator)
+        return X, P, self.gp.solver.solve_lower(self.state, Ks.T)
+
+    def _noise(self, noise_group, N):
         if noise_group is None:
             return 0.0
         g = self.obs.groups[noise_group]
@@ -225,10 +230,9 @@ class Posterior(eqx.Module):
         """Predictive variance of `operator` at `X`: of the latent function, or with
         `noise_group=g` of a new noisy observation like those of observation group `g`
         (whose operator should match `operator`)."""
-        X, P, Ks = self._cross(X, operator)
-        V = self.gp.solver.solve_lower(self.state, Ks.T)
+        X, P, V = self._whitened(X, operator)
         var = operator_diag(self.gp.kernel, operator, X) - jnp.sum(V * V, axis=0)
-        var = jnp.maximum(var, 0.0) + self._noise(noise_group, P, X.shape[0], X.dtype)
+        var = jnp.maximum(var, 0.0) + self._noise(noise_group, X.shape[0])
         return _unflatten(var, X.shape[0], P)
 
     @eqx.filter_jit
@@ -239,11 +243,10 @@ class Posterior(eqx.Module):
         noise_group: int | None = None,
     ) -> Array:
         """Full predictive covariance of `operator` at `X`, `(N P, N P)`, component-major."""
-        X, P, Ks = self._cross(X, operator)
-        V = self.gp.solver.solve_lower(self.state, Ks.T)
+        X, _, V = self._whitened(X, operator)
         cov = operator_gram(self.gp.kernel, (operator, X), (operator, X)) - V.T @ V
         cov = 0.5 * (cov + cov.T)
-        return cov + jnp.diag(jnp.broadcast_to(self._noise(noise_group, P, X.shape[0], X.dtype), (cov.shape[0],)))
+        return cov + jnp.diag(jnp.broadcast_to(self._noise(noise_group, X.shape[0]), (cov.shape[0],)))
 
     @eqx.filter_jit
     def sample(
