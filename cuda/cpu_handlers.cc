@@ -1,7 +1,8 @@
-// CPU XLA FFI handler for the linear recurrence, and the pybind11 module that
-// hands it to Python as a PyCapsule.
+// CPU XLA FFI handlers for the linear recurrence and for the fused Jacobian of
+// sumcumprod, and the pybind11 module that hands them to Python as PyCapsules.
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -19,20 +20,64 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+// ---------------------------------------------------------------------------
+// Element access. A scan visits a row in order (reverse or forward) and at row
+// position i needs the multiplier A(i), the offset B(i) and where to put the
+// state (Put). Each op is a small struct so one templated loop serves all.
+
+// z_i = a_i z_{i-+1} + b_i.
+template <typename T>
+struct PlainOp {
+  const T* a;
+  const T* b;
+  T* z;
+  T A(int64_t i, int64_t) const { return a[i]; }
+  T B(int64_t i, int64_t) const { return b[i]; }
+  void Put(int64_t i, int64_t, T v) const { z[i] = v; }
+};
+
+// J t for J the Jacobian of sumcumprod at x (z = sumcumprod(x)): the reverse
+// recurrence with multiplier x_i and offset t_i (1 + z_{i+1}).
+template <typename T>
+struct SumcumprodJvpOp {
+  const T* x;
+  const T* z;
+  const T* t;
+  T* out;
+  // `k` is the position inside the row: z past the end of the row is zero.
+  T A(int64_t i, int64_t) const { return x[i]; }
+  T B(int64_t i, int64_t k) const { return t[i] * (T(1) + (k > 0 ? z[i + 1] : T(0))); }
+  void Put(int64_t i, int64_t, T v) const { out[i] = v; }
+};
+
+// J^T t: the forward recurrence g_i = x_{i-1} g_{i-1} + t_i, then (1 + z_{i+1}) g_i.
+template <typename T>
+struct SumcumprodVjpOp {
+  const T* x;
+  const T* z;
+  const T* t;
+  T* out;
+  int64_t n;
+  T A(int64_t i, int64_t k) const { return k > 0 ? x[i - 1] : T(0); }
+  T B(int64_t i, int64_t) const { return t[i]; }
+  void Put(int64_t i, int64_t k, T v) const { out[i] = v * (T(1) + (k + 1 < n ? z[i + 1] : T(0))); }
+};
+
 // Each row is a serial dependency chain, so R rows advance together to keep R
 // chains in flight. R stays small: rows are n elements apart, and for
 // power-of-two n every stream maps to the same L1 set (R = 8 thrashed L1 in the
-// prototype at n = 4096).
-template <typename T, int R, bool Reverse>
-inline void RecurGroup(const T* __restrict a, const T* __restrict b, T* __restrict z,
-                       int64_t n) {
+// prototype at n = 4096). `k` counts steps taken in scan order.
+template <typename T, int R, bool Reverse, bool Fma, class Op>
+inline __attribute__((always_inline)) void RecurGroup(const Op& op, int64_t row0, int64_t n) {
   T acc[R];
   for (int r = 0; r < R; ++r) acc[r] = T(0);
   for (int64_t k = 0; k < n; ++k) {
     const int64_t i = Reverse ? n - 1 - k : k;
     for (int r = 0; r < R; ++r) {
-      acc[r] = a[r * n + i] * acc[r] + b[r * n + i];
-      z[r * n + i] = acc[r];
+      const int64_t e = (row0 + r) * n + i;
+      const T a = op.A(e, k), b = op.B(e, k);
+      acc[r] = Fma ? std::fma(a, acc[r], b) : a * acc[r] + b;
+      op.Put(e, k, acc[r]);
     }
   }
 }
@@ -40,12 +85,41 @@ inline void RecurGroup(const T* __restrict a, const T* __restrict b, T* __restri
 constexpr int kInterleave = 4;
 constexpr int64_t kChunkAlign = 8;  // row-chunk granularity for the thread pool
 
-template <typename T, bool Reverse>
-void RecurRows(const T* a, const T* b, T* z, int64_t r0, int64_t r1, int64_t n) {
+template <typename T, bool Reverse, bool Fma, class Op>
+inline __attribute__((always_inline)) void RecurRowsImpl(const Op& op, int64_t r0, int64_t r1,
+                                                         int64_t n) {
   int64_t r = r0;
-  for (; r + kInterleave <= r1; r += kInterleave)
-    RecurGroup<T, kInterleave, Reverse>(a + r * n, b + r * n, z + r * n, n);
-  for (; r < r1; ++r) RecurGroup<T, 1, Reverse>(a + r * n, b + r * n, z + r * n, n);
+  for (; r + kInterleave <= r1; r += kInterleave) RecurGroup<T, kInterleave, Reverse, Fma>(op, r, n);
+  for (; r < r1; ++r) RecurGroup<T, 1, Reverse, Fma>(op, r, n);
+}
+
+// The chain is latency-bound: a fused multiply-add halves its latency against a
+// multiply then an add. The extension is built for a generic x86-64 target, so
+// the FMA version is compiled separately and chosen at run time.
+#if defined(__GNUC__) && defined(__x86_64__)
+template <typename T, bool Reverse, class Op>
+__attribute__((target("fma"))) void RecurRowsFma(const Op& op, int64_t r0, int64_t r1, int64_t n) {
+  RecurRowsImpl<T, Reverse, true>(op, r0, r1, n);
+}
+inline bool HaveFma() {
+  static const bool have = __builtin_cpu_supports("fma");
+  return have;
+}
+#else
+template <typename T, bool Reverse, class Op>
+void RecurRowsFma(const Op& op, int64_t r0, int64_t r1, int64_t n) {
+  RecurRowsImpl<T, Reverse, false>(op, r0, r1, n);  // the compiler contracts where the ISA has FMA
+}
+inline bool HaveFma() { return false; }
+#endif
+
+template <typename T, bool Reverse, class Op>
+void RecurRows(const Op& op, int64_t r0, int64_t r1, int64_t n) {
+  if (HaveFma()) {
+    RecurRowsFma<T, Reverse>(op, r0, r1, n);
+  } else {
+    RecurRowsImpl<T, Reverse, false>(op, r0, r1, n);
+  }
 }
 
 // Row-parallel loop on XLA's intra-op thread pool. The calling thread works too
@@ -87,21 +161,11 @@ void ParallelForRows(ffi::ThreadPool& pool, int64_t rows, int64_t n, F f) {
   st->cv.wait(lock, [&] { return st->done.load() == nchunks; });
 }
 
-template <typename T>
-void Run(ffi::ThreadPool& pool, bool reverse, const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
-         ffi::AnyBuffer& z, int64_t rows, int64_t n) {
-  const T* ap = a.typed_data<T>();
-  const T* bp = b.typed_data<T>();
-  T* zp = z.typed_data<T>();
-  if (reverse) {
-    ParallelForRows(pool, rows, n, [=](int64_t r0, int64_t r1) {
-      RecurRows<T, true>(ap, bp, zp, r0, r1, n);
-    });
-  } else {
-    ParallelForRows(pool, rows, n, [=](int64_t r0, int64_t r1) {
-      RecurRows<T, false>(ap, bp, zp, r0, r1, n);
-    });
-  }
+template <typename T, bool Reverse, class Op>
+void RunOp(ffi::ThreadPool& pool, const Op& op, int64_t rows, int64_t n) {
+  ParallelForRows(pool, rows, n, [op, n](int64_t r0, int64_t r1) {
+    RecurRows<T, Reverse>(op, r0, r1, n);
+  });
 }
 
 ffi::Error LinearRecurrenceCpu(ffi::ThreadPool pool, bool reverse, ffi::AnyBuffer a,
@@ -109,10 +173,48 @@ ffi::Error LinearRecurrenceCpu(ffi::ThreadPool pool, bool reverse, ffi::AnyBuffe
   auto rn = eqgp::CheckOperands("eqgp_linear_recurrence[cpu]", a, b, *z);
   if (rn.has_error()) return rn.error();
   if (rn->rows == 0 || rn->n == 0) return ffi::Error::Success();
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    PlainOp<T> op{a.typed_data<T>(), b.typed_data<T>(), z->typed_data<T>()};
+    if (reverse) {
+      RunOp<T, true>(pool, op, rn->rows, rn->n);
+    } else {
+      RunOp<T, false>(pool, op, rn->rows, rn->n);
+    }
+  };
   if (a.element_type() == ffi::DataType::F32) {
-    Run<float>(pool, reverse, a, b, *z, rn->rows, rn->n);
+    run(float{});
   } else {
-    Run<double>(pool, reverse, a, b, *z, rn->rows, rn->n);
+    run(double{});
+  }
+  return ffi::Error::Success();
+}
+
+// transpose = false: out = J t; transpose = true: out = J^T t, J the Jacobian of
+// sumcumprod at x and z = sumcumprod(x).
+ffi::Error SumcumprodJvpCpu(ffi::ThreadPool pool, bool transpose, ffi::AnyBuffer x,
+                            ffi::AnyBuffer z, ffi::AnyBuffer t, ffi::Result<ffi::AnyBuffer> out) {
+  auto rn = eqgp::CheckOperands("eqgp_sumcumprod_jvp[cpu]", x, z, *out);
+  if (rn.has_error()) return rn.error();
+  auto rt = eqgp::CheckOperands("eqgp_sumcumprod_jvp[cpu]", x, t, *out);
+  if (rt.has_error()) return rt.error();
+  if (rn->rows == 0 || rn->n == 0) return ffi::Error::Success();
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    const T* xp = x.typed_data<T>();
+    const T* zp = z.typed_data<T>();
+    const T* tp = t.typed_data<T>();
+    T* op = out->typed_data<T>();
+    if (transpose) {
+      RunOp<T, false>(pool, SumcumprodVjpOp<T>{xp, zp, tp, op, rn->n}, rn->rows, rn->n);
+    } else {
+      RunOp<T, true>(pool, SumcumprodJvpOp<T>{xp, zp, tp, op}, rn->rows, rn->n);
+    }
+  };
+  if (x.element_type() == ffi::DataType::F32) {
+    run(float{});
+  } else {
+    run(double{});
   }
   return ffi::Error::Success();
 }
@@ -127,6 +229,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EqgpLinearRecurrenceCpu, LinearRecurrenceCpu,
                                   .Arg<ffi::AnyBuffer>()   // b
                                   .Ret<ffi::AnyBuffer>()); // z
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EqgpSumcumprodJvpCpu, SumcumprodJvpCpu,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Attr<bool>("transpose")
+                                  .Arg<ffi::AnyBuffer>()   // x
+                                  .Arg<ffi::AnyBuffer>()   // z = sumcumprod(x)
+                                  .Arg<ffi::AnyBuffer>()   // t
+                                  .Ret<ffi::AnyBuffer>()); // J t or J^T t
+
 template <typename T>
 py::capsule EncapsulateFfiHandler(T* fn) {
   static_assert(std::is_invocable_r_v<XLA_FFI_Error*, T, XLA_FFI_CallFrame*>,
@@ -139,6 +250,7 @@ PYBIND11_MODULE(_native_cpu, m) {
   m.def("registrations", []() {
     py::dict d;
     d["eqgp_linear_recurrence"] = EncapsulateFfiHandler(EqgpLinearRecurrenceCpu);
+    d["eqgp_sumcumprod_jvp"] = EncapsulateFfiHandler(EqgpSumcumprodJvpCpu);
     return d;
   });
 }

@@ -1,5 +1,5 @@
-// CUDA XLA FFI handler for the linear recurrence z_i = a_i z_{i-1} + b_i
-// (reverse: z_i = a_i z_{i+1} + b_i) along the last axis.
+// CUDA XLA FFI handlers: the linear recurrence z_i = a_i z_{i-1} + b_i
+// (reverse: z_i = a_i z_{i+1} + b_i) along the last axis, and the fused J t / J^T t of sumcumprod.
 //
 // An element is the affine map t -> a t + b; applying p then c is
 // (c.a p.a, c.a p.b + c.b), an associative composition, so a row is an
@@ -47,6 +47,48 @@ struct RunningPrefix {  // the composition of every earlier tile of the row
   }
 };
 
+// Element access for the scans: the affine map at row position p (Load) and what
+// to write for the state there (Store). `off` is the row's first element.
+template <typename T>
+struct PlainOp {  // z_p = a_p z_{p-+1} + b_p
+  const T* __restrict__ a;
+  const T* __restrict__ b;
+  T* __restrict__ z;
+  __device__ __forceinline__ Affine<T> Load(int64_t off, int64_t p, int64_t) const {
+    return Affine<T>{a[off + p], b[off + p]};
+  }
+  __device__ __forceinline__ void Store(int64_t off, int64_t p, int64_t, T v) const { z[off + p] = v; }
+};
+
+// J t, J the Jacobian of sumcumprod at x and z = sumcumprod(x): the reverse scan of
+// (x_p, t_p (1 + z_{p+1})).
+template <typename T>
+struct SumcumprodJvpOp {
+  const T* __restrict__ x;
+  const T* __restrict__ z;
+  const T* __restrict__ t;
+  T* __restrict__ out;
+  __device__ __forceinline__ Affine<T> Load(int64_t off, int64_t p, int64_t n) const {
+    return Affine<T>{x[off + p], t[off + p] * (T(1) + (p + 1 < n ? z[off + p + 1] : T(0)))};
+  }
+  __device__ __forceinline__ void Store(int64_t off, int64_t p, int64_t, T v) const { out[off + p] = v; }
+};
+
+// J^T t: the forward scan of (x_{p-1}, t_p), each state times (1 + z_{p+1}).
+template <typename T>
+struct SumcumprodVjpOp {
+  const T* __restrict__ x;
+  const T* __restrict__ z;
+  const T* __restrict__ t;
+  T* __restrict__ out;
+  __device__ __forceinline__ Affine<T> Load(int64_t off, int64_t p, int64_t) const {
+    return Affine<T>{p > 0 ? x[off + p - 1] : T(0), t[off + p]};
+  }
+  __device__ __forceinline__ void Store(int64_t off, int64_t p, int64_t n, T v) const {
+    out[off + p] = v * (T(1) + (p + 1 < n ? z[off + p + 1] : T(0)));
+  }
+};
+
 constexpr int kBlock = 256;
 constexpr int kItems = 4;
 constexpr int kTile = kBlock * kItems;
@@ -59,9 +101,8 @@ __device__ __forceinline__ int64_t Pos(int64_t k, int64_t n) {
   return Reverse ? n - 1 - k : k;
 }
 
-template <typename T, bool Reverse>
-__global__ void BlockRowKernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ z,
-                               int64_t rows, int64_t n) {
+template <typename T, bool Reverse, class Op>
+__global__ void BlockRowKernel(Op op, int64_t rows, int64_t n) {
   using BlockScan = cub::BlockScan<Affine<T>, kBlock>;
   using Exchange = cub::BlockExchange<Affine<T>, kBlock, kItems>;
   __shared__ union {
@@ -77,8 +118,7 @@ __global__ void BlockRowKernel(const T* __restrict__ a, const T* __restrict__ b,
       for (int k = 0; k < kItems; ++k) {  // striped: consecutive threads, consecutive elements
         const int64_t s = base + k * kBlock + threadIdx.x;
         if (s < n) {
-          const int64_t i = off + Pos<Reverse>(s, n);
-          it[k] = Affine<T>{a[i], b[i]};
+          it[k] = op.Load(off, Pos<Reverse>(s, n), n);
         } else {
           it[k] = Affine<T>{T(1), T(0)};  // identity map
         }
@@ -92,15 +132,14 @@ __global__ void BlockRowKernel(const T* __restrict__ a, const T* __restrict__ b,
 #pragma unroll
       for (int k = 0; k < kItems; ++k) {
         const int64_t s = base + k * kBlock + threadIdx.x;
-        if (s < n) z[off + Pos<Reverse>(s, n)] = it[k].b;
+        if (s < n) op.Store(off, Pos<Reverse>(s, n), n, it[k].b);
       }
     }
   }
 }
 
-template <typename T, bool Reverse>
-__global__ void WarpRowKernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ z,
-                              int64_t rows, int64_t n) {
+template <typename T, bool Reverse, class Op>
+__global__ void WarpRowKernel(Op op, int64_t rows, int64_t n) {
   using WarpScan = cub::WarpScan<Affine<T>>;
   __shared__ typename WarpScan::TempStorage temp[kWarpsPerBlock];
   const int warp = threadIdx.x / 32;
@@ -112,13 +151,10 @@ __global__ void WarpRowKernel(const T* __restrict__ a, const T* __restrict__ b, 
     for (int64_t base = 0; base < n; base += 32) {
       const int64_t s = base + lane;
       Affine<T> it{T(1), T(0)};
-      if (s < n) {
-        const int64_t i = off + Pos<Reverse>(s, n);
-        it = Affine<T>{a[i], b[i]};
-      }
+      if (s < n) it = op.Load(off, Pos<Reverse>(s, n), n);
       WarpScan(temp[warp]).InclusiveScan(it, it, Compose{});
       it = Compose{}(running, it);
-      if (s < n) z[off + Pos<Reverse>(s, n)] = it.b;
+      if (s < n) op.Store(off, Pos<Reverse>(s, n), n, it.b);
       running.a = __shfl_sync(0xffffffffu, it.a, 31);
       running.b = __shfl_sync(0xffffffffu, it.b, 31);
     }
@@ -131,45 +167,74 @@ inline unsigned GridFor(int64_t work_items, int64_t per_block) {
   return static_cast<unsigned>(g < 1 ? 1 : g);
 }
 
-template <typename T, bool Reverse>
-void Launch(cudaStream_t s, const T* a, const T* b, T* z, int64_t rows, int64_t n) {
+template <typename T, bool Reverse, class Op>
+void Launch(cudaStream_t s, const Op& op, int64_t rows, int64_t n) {
   if (n <= kWarpRowMax) {
-    WarpRowKernel<T, Reverse>
-        <<<GridFor(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, s>>>(a, b, z, rows, n);
+    WarpRowKernel<T, Reverse><<<GridFor(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, s>>>(op, rows, n);
   } else {
-    BlockRowKernel<T, Reverse><<<GridFor(rows, 1), kBlock, 0, s>>>(a, b, z, rows, n);
+    BlockRowKernel<T, Reverse><<<GridFor(rows, 1), kBlock, 0, s>>>(op, rows, n);
   }
 }
 
-template <typename T>
-void Dispatch(cudaStream_t s, bool reverse, const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
-              ffi::AnyBuffer& z, int64_t rows, int64_t n) {
-  const T* ap = a.typed_data<T>();
-  const T* bp = b.typed_data<T>();
-  T* zp = z.typed_data<T>();
-  if (reverse) {
-    Launch<T, true>(s, ap, bp, zp, rows, n);
-  } else {
-    Launch<T, false>(s, ap, bp, zp, rows, n);
+ffi::Error LaunchError(const char* op) {
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return ffi::Error::Internal(std::string(op) + ": kernel launch failed: " + cudaGetErrorName(err) +
+                                ": " + cudaGetErrorString(err));
   }
+  return ffi::Error::Success();
 }
 
 ffi::Error LinearRecurrenceCuda(cudaStream_t stream, bool reverse, ffi::AnyBuffer a,
                                 ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> z) {
-  auto rn = eqgp::CheckOperands("eqgp_linear_recurrence[cuda]", a, b, *z);
+  const char* name = "eqgp_linear_recurrence[cuda]";
+  auto rn = eqgp::CheckOperands(name, a, b, *z);
   if (rn.has_error()) return rn.error();
   if (rn->rows == 0 || rn->n == 0) return ffi::Error::Success();  // never launch an empty grid
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    PlainOp<T> op{a.typed_data<T>(), b.typed_data<T>(), z->typed_data<T>()};
+    if (reverse) {
+      Launch<T, true>(stream, op, rn->rows, rn->n);
+    } else {
+      Launch<T, false>(stream, op, rn->rows, rn->n);
+    }
+  };
   if (a.element_type() == ffi::DataType::F32) {
-    Dispatch<float>(stream, reverse, a, b, *z, rn->rows, rn->n);
+    run(float{});
   } else {
-    Dispatch<double>(stream, reverse, a, b, *z, rn->rows, rn->n);
+    run(double{});
   }
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    return ffi::Error::Internal(std::string("eqgp_linear_recurrence[cuda]: kernel launch failed: ") +
-                                cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+  return LaunchError(name);
+}
+
+// transpose = false: out = J t; true: out = J^T t (J the Jacobian of sumcumprod at x).
+ffi::Error SumcumprodJvpCuda(cudaStream_t stream, bool transpose, ffi::AnyBuffer x, ffi::AnyBuffer z,
+                             ffi::AnyBuffer t, ffi::Result<ffi::AnyBuffer> out) {
+  const char* name = "eqgp_sumcumprod_jvp[cuda]";
+  auto rn = eqgp::CheckOperands(name, x, z, *out);
+  if (rn.has_error()) return rn.error();
+  auto rt = eqgp::CheckOperands(name, x, t, *out);
+  if (rt.has_error()) return rt.error();
+  if (rn->rows == 0 || rn->n == 0) return ffi::Error::Success();
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    const T* xp = x.typed_data<T>();
+    const T* zp = z.typed_data<T>();
+    const T* tp = t.typed_data<T>();
+    T* op = out->typed_data<T>();
+    if (transpose) {
+      Launch<T, false>(stream, SumcumprodVjpOp<T>{xp, zp, tp, op}, rn->rows, rn->n);
+    } else {
+      Launch<T, true>(stream, SumcumprodJvpOp<T>{xp, zp, tp, op}, rn->rows, rn->n);
+    }
+  };
+  if (x.element_type() == ffi::DataType::F32) {
+    run(float{});
+  } else {
+    run(double{});
   }
-  return ffi::Error::Success();
+  return LaunchError(name);
 }
 
 }  // namespace
@@ -181,4 +246,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EqgpLinearRecurrenceCuda, LinearRecurrenceCuda,
                                   .Arg<ffi::AnyBuffer>()   // a
                                   .Arg<ffi::AnyBuffer>()   // b
                                   .Ret<ffi::AnyBuffer>(),  // z
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EqgpSumcumprodJvpCuda, SumcumprodJvpCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Attr<bool>("transpose")
+                                  .Arg<ffi::AnyBuffer>()   // x
+                                  .Arg<ffi::AnyBuffer>()   // z = sumcumprod(x)
+                                  .Arg<ffi::AnyBuffer>()   // t
+                                  .Ret<ffi::AnyBuffer>(),  // J t or J^T t
                               {ffi::Traits::kCmdBufferCompatible});

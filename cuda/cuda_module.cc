@@ -8,12 +8,14 @@
 namespace py = pybind11;
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(EqgpLinearRecurrenceCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(EqgpSumcumprodJvpCuda);
 
 PYBIND11_MODULE(_native_cuda, m) {
   m.doc() = "eqgp CUDA XLA FFI handlers";
   m.def("registrations", []() {
     py::dict d;
     d["eqgp_linear_recurrence"] = py::capsule(reinterpret_cast<void*>(&EqgpLinearRecurrenceCuda));
+    d["eqgp_sumcumprod_jvp"] = py::capsule(reinterpret_cast<void*>(&EqgpSumcumprodJvpCuda));
     return d;
   });
 }

@@ -6,5 +6,6 @@ from ._ops import (
     linear_recurrence_p as linear_recurrence_p,
     linear_recurrence_reference as linear_recurrence_reference,
     sumcumprod as sumcumprod,
+    sumcumprod_jvp_p as sumcumprod_jvp_p,
     sumcumprod_reference as sumcumprod_reference,
 )

@@ -115,7 +115,57 @@ def test_jacobians_and_hessian_match_reference():
 def test_grad_runs_native_recurrences_only():
     x = jnp.ones((4, 16))
     hlo = jax.jit(jax.grad(lambda v: jnp.sum(sumcumprod(v) ** 2))).lower(x).compile().as_text()
-    assert hlo.count("custom-call(") == 2  # forward and its transpose
+    assert hlo.count("custom-call(") == 2  # forward and the fused vector-Jacobian product
+    assert 'custom_call_target="eqgp_sumcumprod_jvp"' in hlo
+
+
+def _jacobian_product_reference(x, t, transpose):
+    """J t or J^T t of sumcumprod by the associative-scan reference's own autodiff."""
+    if transpose:
+        return jax.vjp(sumcumprod_reference, x)[1](t)[0]
+    return jax.jvp(sumcumprod_reference, (x,), (t,))[1]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("shape", [(0,), (1,), (2,), (3, 0), (3, 7), (2, 3, 5), (2, 1025)])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_fused_jacobian_products_match_reference(dtype, shape, transpose):
+    kx, kt = jax.random.split(jax.random.key(21))
+    x = jax.random.uniform(kx, shape, dtype, 0.2, 1.05)
+    t = jax.random.normal(kt, shape, dtype)
+    out = eqgp.ops.sumcumprod_jvp_p.bind(x, sumcumprod(x), t, transpose=transpose)
+    assert out.shape == shape and out.dtype == dtype
+    assert_close(out, _jacobian_product_reference(x, t, transpose), **tol(dtype))
+
+
+def test_fused_jacobian_products_are_adjoint():
+    kx, kt, ks = jax.random.split(jax.random.key(22), 3)
+    x = jax.random.uniform(kx, (3, 40), jnp.float64, 0.2, 1.05)
+    t, s = jax.random.normal(kt, (2, 3, 40), jnp.float64)
+    z = sumcumprod(x)
+    jt = eqgp.ops.sumcumprod_jvp_p.bind(x, z, t, transpose=False)
+    jts = eqgp.ops.sumcumprod_jvp_p.bind(x, z, s, transpose=True)
+    assert_close(jnp.vdot(jt, s), jnp.vdot(t, jts), rtol=1e-12)
+    dense = jax.jacfwd(sumcumprod_reference)(x[0])  # (n, n)
+    assert_close(jt[0], dense @ t[0], rtol=1e-12)
+    assert_close(jts[0], dense.T @ s[0], rtol=1e-12)
+
+
+@pytest.mark.parametrize("in_axes", [(0, 0, 0), (1, 1, 1), (0, None, 0), (None, None, 0)])
+def test_fused_jacobian_product_vmap(in_axes):
+    kx, kt = jax.random.split(jax.random.key(23))
+    x = jax.random.uniform(kx, (4, 9), jnp.float64, 0.2, 1.05)
+    t = jax.random.normal(kt, (4, 9), jnp.float64)
+    # An unbatched operand is one row, shared by every batch element.
+    operands = [v if ax is not None else v[0] for v, ax in zip((x, sumcumprod(x), t), in_axes)]
+    for transpose in (False, True):
+        f = functools.partial(eqgp.ops.sumcumprod_jvp_p.bind, transpose=transpose)
+        got = jax.vmap(f, in_axes=in_axes)(*operands)
+        size = next(v.shape[ax] for v, ax in zip(operands, in_axes) if ax is not None)
+        ref = [
+            f(*[v if ax is None else jnp.take(v, i, axis=ax) for v, ax in zip(operands, in_axes)]) for i in range(size)
+        ]
+        assert_close(got, jnp.stack(ref), rtol=1e-12)
 
 
 def test_vmap_of_grad():
