@@ -25,5 +25,6 @@ from ._gp import (
     Posterior as Posterior,
     ZeroMean as ZeroMean,
 )
+from ._jit import compiler_options as compiler_options
 from ._observations import ObservationGroup as ObservationGroup, Observations as Observations
 from ._solvers import AbstractSolver as AbstractSolver, Cholesky as Cholesky

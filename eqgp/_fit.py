@@ -1,8 +1,11 @@
+import functools
 from collections.abc import Callable
 
 import equinox as eqx
 import jax.numpy as jnp
 import optax
+
+from ._jit import compiler_options
 
 
 def fit(
@@ -15,7 +18,7 @@ def fit(
 ):
     """Train `model` by minimising `loss(model, *args)` with an optax optimizer.
 
-    Exactly the idiomatic loop: `eqx.filter_jit` around one step of
+    Exactly the idiomatic loop: `eqx.filter_jit` (with `eqgp.compiler_options()`) around one step of
     `eqx.filter_value_and_grad` → `optimizer.update` → `eqx.apply_updates`, over the
     model's inexact-array leaves, with a tqdm progress bar when tqdm is installed and
     `progress` is true.
@@ -26,7 +29,7 @@ def fit(
         raise ValueError(f"`steps` must be a non-negative int; got {steps!r}.")
     opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
 
-    @eqx.filter_jit
+    @functools.partial(eqx.filter_jit, compiler_options=compiler_options())
     def step(model, opt_state, *args):
         value, grads = eqx.filter_value_and_grad(loss)(model, *args)
         params = eqx.filter(model, eqx.is_inexact_array)

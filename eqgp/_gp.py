@@ -9,7 +9,8 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from ._checks import as_points
-from ._gram import operator_diag, operator_gram
+from ._gram import _symmetric_gram, operator_diag, operator_gram
+from ._jit import jit
 from ._kernels import AbstractKernel, _positive
 from ._observations import ObservationGroup, Observations
 from ._operators import AbstractOperator, Value
@@ -64,8 +65,7 @@ def _gaussian_loglik_bwd(solver, res, g):
     # d/dK = 1/2 (alpha alpha^T - K^{-1}), d/dr = -alpha: one inverse from the factor
     # instead of differentiating through the Cholesky.
     state, alpha = res
-    n = alpha.shape[0]
-    Kinv = solver.solve(state, jnp.eye(n, dtype=alpha.dtype))
+    Kinv = solver.inverse(state)
     dK = 0.5 * g * (jnp.outer(alpha, alpha) - Kinv)
     return dK, -g * alpha
 
@@ -138,7 +138,7 @@ class GaussianProcess(eqx.Module):
             )
         return noise
 
-    def _prior(self, obs: Observations):
+    def _prior(self, obs: Observations, symmetric_pullback: bool = False):
         if not isinstance(obs, Observations):
             raise TypeError(f"`obs` must be an eqgp.Observations; got {type(obs).__name__}.")
         noise = self._noise_for(obs)
@@ -148,7 +148,10 @@ class GaussianProcess(eqx.Module):
                     f"a noise entry of shape {n.shape} does not fit {type(g.operator).__name__} "
                     f"with {g.targets.shape[1]} outputs; use a scalar or shape ({g.targets.shape[1]},)."
                 )
-        K = operator_gram(self.kernel, obs, obs)
+        if symmetric_pullback:
+            K = _symmetric_gram((self.kernel, tuple((g.operator, g.X) for g in obs.groups)))
+        else:
+            K = operator_gram(self.kernel, obs, obs)
         diag = jnp.concatenate([_group_noise(n, g) for g, n in zip(obs.groups, noise)])
         K = K + jnp.diag(diag)
         m = jnp.concatenate([_group_mean(self.mean, g) for g in obs.groups])
@@ -156,17 +159,17 @@ class GaussianProcess(eqx.Module):
         y = eqx.error_if(y, ~jnp.all(jnp.isfinite(y)), "eqgp: the observation targets hold NaN or inf.")
         return K, y - m
 
-    @eqx.filter_jit
+    @jit
     def log_marginal_likelihood(self, obs: Observations) -> Float[Array, ""]:
         """The exact log marginal likelihood `log p(obs | model)`.
 
         Its gradient uses the closed form `1/2 tr((alpha alpha^T - K^{-1}) dK)` pulled back
         through the gram, not autodiff through the Cholesky factorisation.
         """
-        K, r = self._prior(obs)
+        K, r = self._prior(obs, symmetric_pullback=True)
         return _gaussian_loglik(self.solver, K, r)
 
-    @eqx.filter_jit
+    @jit
     def condition(self, obs: Observations) -> "Posterior":
         """The posterior given `obs`: predictive means, variances, covariances and samples
         of any operator (values, gradients, ...) of the latent function at new points."""
@@ -211,14 +214,14 @@ class Posterior(eqx.Module):
         g = self.obs.groups[noise_group]
         return _group_noise(self.gp._noise_for(self.obs)[noise_group], g)[:: g.X.shape[0]].repeat(N)
 
-    @eqx.filter_jit
+    @jit
     def mean(self, X: Float[Array | np.ndarray, "N D"], operator: AbstractOperator = Value()) -> Array:
         """Predictive mean of `operator` of the latent function at `X`."""
         X, P, Ks = self._cross(X, operator)
         m = eqx.filter_vmap(lambda x: operator.apply(self.gp.mean, x), out_axes=1)(X).reshape(-1)
         return _unflatten(m + Ks @ self.alpha, X.shape[0], P)
 
-    @eqx.filter_jit
+    @jit
     def variance(
         self,
         X: Float[Array | np.ndarray, "N D"],
@@ -233,7 +236,7 @@ class Posterior(eqx.Module):
         var = jnp.maximum(var, 0.0) + self._noise(noise_group, X.shape[0])
         return _unflatten(var, X.shape[0], P)
 
-    @eqx.filter_jit
+    @jit
     def covariance(
         self,
         X: Float[Array | np.ndarray, "N D"],
@@ -246,7 +249,7 @@ class Posterior(eqx.Module):
         cov = 0.5 * (cov + cov.T)
         return cov + jnp.diag(jnp.broadcast_to(self._noise(noise_group, X.shape[0]), (cov.shape[0],)))
 
-    @eqx.filter_jit
+    @jit
     def sample(
         self,
         key: PRNGKeyArray,

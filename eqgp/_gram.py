@@ -2,11 +2,13 @@ from collections.abc import Sequence
 from typing import Literal
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
 from ._checks import as_points, check_same_dtype
+from ._jit import jit
 from ._kernels import AbstractKernel
 from ._operators import AbstractOperator, ValueAndGradient
 
@@ -44,7 +46,7 @@ def _cross(kernel, op1: AbstractOperator, X1, op2: AbstractOperator, X2, layout:
     return mapped(X1, X2).reshape(N * P1, M * P2)
 
 
-@eqx.filter_jit
+@jit
 def gram(
     kernel: AbstractKernel, X1: Float[Array | np.ndarray, "N D"], X2: Float[Array | np.ndarray, "M D"]
 ) -> Float[Array, "N M"]:
@@ -66,7 +68,7 @@ def gram(
     return f(X1, X2)
 
 
-@eqx.filter_jit
+@jit
 def gradient_gram(
     kernel: AbstractKernel,
     X1: Float[Array | np.ndarray, "N D"],
@@ -119,7 +121,7 @@ def _as_groups(name: str, obs) -> list[tuple[AbstractOperator, Array]]:
     return groups
 
 
-@eqx.filter_jit
+@jit
 def operator_gram(kernel: AbstractKernel, obs1, obs2, layout: Layout = "blocked") -> Array:
     """The covariance between groups of linear observations, by autodiff.
 
@@ -149,7 +151,7 @@ def operator_gram(kernel: AbstractKernel, obs1, obs2, layout: Layout = "blocked"
     return jnp.concatenate(rows, axis=0)
 
 
-@eqx.filter_jit
+@jit
 def operator_diag(kernel: AbstractKernel, operator: AbstractOperator, X) -> Array:
     """The variances `cov(L f(X_i), L f(X_i))` of one operator at each point, without the
     off-diagonal: shape `(P N,)`, component-major like `operator_gram`."""
@@ -160,3 +162,63 @@ def operator_diag(kernel: AbstractKernel, operator: AbstractOperator, X) -> Arra
         return jnp.diagonal(operator.apply(lambda a: operator.apply(lambda b: kernel(a, b), x), x))
 
     return eqx.filter_vmap(one, out_axes=1)(X).reshape(-1)
+
+
+def _pair_indices(N: int, M: int, same: bool):
+    """Rows, columns and weights of the point pairs a symmetric pullback visits: the upper
+    triangle of a diagonal block (off-diagonal pairs count twice), every pair of an
+    off-diagonal block (counted twice for its mirror image)."""
+    if same:
+        i, j = np.triu_indices(N)
+        w = np.where(i == j, 1.0, 2.0)
+    else:
+        i, j = (a.reshape(-1) for a in np.meshgrid(np.arange(N), np.arange(M), indexing="ij"))
+        w = np.full(i.shape, 2.0)
+    return i, j, w
+
+
+def _symmetric_pullback(kernel, groups, W) -> Array:
+    """`<W, K(kernel, groups)>` for a symmetric `W`, visiting each pair of points once.
+
+    K is symmetric, so its pullback needs only the block pairs on and above the diagonal;
+    the pairs form one flat vmap (no layout transposes in the backward pass)."""
+    sizes = [op.size(X.shape[1]) * X.shape[0] for op, X in groups]
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    total = jnp.zeros((), W.dtype)
+    for g, (op1, X1) in enumerate(groups):
+        for h in range(g, len(groups)):
+            op2, X2 = groups[h]
+            N, M, D = X1.shape[0], X2.shape[0], X1.shape[1]
+            P1, P2 = op1.size(D), op2.size(D)
+            if N == 0 or M == 0 or P1 == 0 or P2 == 0:
+                continue
+            i, j, w = _pair_indices(N, M, g == h)
+            block = W[offsets[g] : offsets[g + 1], offsets[h] : offsets[h + 1]].reshape(P1, N, P2, M)
+            Wp = block[:, i, :, j]  # (pairs, P1, P2)
+
+            def pair(x1, x2, op1=op1, op2=op2):
+                return op1.apply(lambda a: op2.apply(lambda b: kernel(a, b), x2), x1)
+
+            blocks = eqx.filter_vmap(pair)(X1[i], X2[j])
+            total = total + jnp.sum(jnp.asarray(w, W.dtype)[:, None, None] * blocks * Wp)
+    return total
+
+
+@eqx.filter_custom_vjp
+def _symmetric_gram(diff):
+    """`operator_gram(kernel, groups, groups)` (blocked layout) with a backward pass that
+    uses the symmetry of the matrix: about half the work of the generic pullback, and no
+    transposes. Differentiable in reverse mode only (the likelihood's own rule is too)."""
+    kernel, groups = diff
+    return operator_gram(kernel, list(groups), list(groups))
+
+
+@_symmetric_gram.def_fwd
+def _symmetric_gram_fwd(perturbed, diff):
+    return _symmetric_gram.fn(diff), None
+
+
+@_symmetric_gram.def_bwd
+def _symmetric_gram_bwd(residuals, ct, perturbed, diff):
+    W = jax.lax.optimization_barrier(0.5 * (ct + ct.T))  # <ct, dK> = <sym(ct), dK>: dK is symmetric
+    return eqx.filter_grad(lambda d: _symmetric_pullback(d[0], d[1], W))(diff)

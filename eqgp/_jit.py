@@ -1,0 +1,68 @@
+"""eqgp's jit: `eqx.filter_jit` with the XLA options of `compiler_options()`."""
+
+import functools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+# XLA:CPU (jaxlib 0.10) hands elementwise ops and reductions to YNNPACK "ynn fusions";
+# for the float64 gram/likelihood graphs eqgp builds they are 2-3x slower than XLA's
+# own loops on the CPUs we measured (benchmarks/gp_likelihood.py prints both).
+_CANDIDATE = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+
+@functools.cache
+def _probe() -> tuple[tuple[str, str], ...]:
+    try:  # an XLA without the option rejects it: then compile with the defaults
+        jax.jit(lambda x: x + 1, compiler_options=dict(_CANDIDATE)).lower(jnp.zeros(())).compile()
+    except Exception:  # noqa: BLE001
+        return ()
+    return tuple(_CANDIDATE.items())
+
+
+def compiler_options() -> dict[str, str]:
+    """The XLA compiler options eqgp compiles its own entry points and `eqgp.fit` with.
+
+    Pass them to your own training step too, e.g.
+    `eqx.filter_jit(step, compiler_options=eqgp.compiler_options())`: options of an
+    outer `jit` apply to everything inlined into it. Currently this turns off XLA:CPU's
+    YNNPACK fusions, which made the float64 likelihood gradient 2-3x slower here; it is
+    empty where the installed XLA does not know the option.
+    """
+    return dict(_probe())
+
+
+class _LazyJit:
+    """`eqx.filter_jit(fn)`, with `compiler_options()` when called at the top level.
+
+    Options are only allowed on a top-level jit, and probing them needs a backend, which
+    importing eqgp must not start: so the optioned version is made at the first top-level
+    call, and a call from inside a trace (jit, grad, vmap) uses the plain one."""
+
+    def __init__(self, fn):
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        self._plain = eqx.filter_jit(fn)
+        self._top = None
+
+    def __call__(self, *args, **kwargs):
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
+            return self._plain(*args, **kwargs)
+        if self._top is None:
+            self._top = eqx.filter_jit(self._fn, compiler_options=compiler_options())
+        try:
+            return self._top(*args, **kwargs)
+        except ValueError as e:  # inside a trace, but with no traced argument
+            if "compiler_options" not in str(e):
+                raise
+            return self._plain(*args, **kwargs)
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        return functools.partial(self, instance)
+
+
+def jit(fn):
+    return _LazyJit(fn)
