@@ -13,6 +13,10 @@
 
 #include <pybind11/pybind11.h>
 
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "linrec_common.h"
 #include "xla/ffi/api/c_api.h"
 #include "xla/ffi/api/ffi.h"
@@ -24,103 +28,194 @@ namespace {
 
 // ---------------------------------------------------------------------------
 // Element access. A scan visits a row in order (reverse or forward) and at row
-// position i needs the multiplier A(i), the offset B(i) and where to put the
-// state (Put). Each op is a small struct so one templated loop serves all.
-
-// z_i = a_i z_{i-+1} + b_i.
-template <typename T>
-struct PlainOp {
+// position p needs the multiplier A, the offset B and what to store for the
+// state (Put). One struct, specialised by three flags, covers all three ops:
+//
+//   plain  z = LR(a, b):         A = a_p,      B = b_p,                 out = state
+//   J t    (sumcumprod at x):    A = x_p,      B = t_p (1 + z_{p+1}),   out = state   (reverse)
+//   J^T t:                       A = x_{p-1},  B = t_p,                 out = state (1 + z_{p+1})  (forward)
+//
+// z past the end of a row is zero, and x_{-1} multiplies the zero initial state.
+template <typename T, bool AShift, bool BScale, bool PostScale>
+struct Op {
   const T* a;
   const T* b;
-  T* z;
-  T A(int64_t i, int64_t) const { return a[i]; }
-  T B(int64_t i, int64_t) const { return b[i]; }
-  void Put(int64_t i, int64_t, T v) const { z[i] = v; }
-};
-
-// J t for J the Jacobian of sumcumprod at x (z = sumcumprod(x)): the reverse
-// recurrence with multiplier x_i and offset t_i (1 + z_{i+1}).
-template <typename T>
-struct SumcumprodJvpOp {
-  const T* x;
-  const T* z;
-  const T* t;
-  T* out;
-  // `k` is the position inside the row: z past the end of the row is zero.
-  T A(int64_t i, int64_t) const { return x[i]; }
-  T B(int64_t i, int64_t k) const { return t[i] * (T(1) + (k > 0 ? z[i + 1] : T(0))); }
-  void Put(int64_t i, int64_t, T v) const { out[i] = v; }
-};
-
-// J^T t: the forward recurrence g_i = x_{i-1} g_{i-1} + t_i, then (1 + z_{i+1}) g_i.
-template <typename T>
-struct SumcumprodVjpOp {
-  const T* x;
-  const T* z;
-  const T* t;
+  const T* z;  // only read with BScale or PostScale
   T* out;
   int64_t n;
-  T A(int64_t i, int64_t k) const { return k > 0 ? x[i - 1] : T(0); }
-  T B(int64_t i, int64_t) const { return t[i]; }
-  void Put(int64_t i, int64_t k, T v) const { out[i] = v * (T(1) + (k + 1 < n ? z[i + 1] : T(0))); }
+  // e: flat index, p: position in the row.
+  T A(int64_t e, int64_t p) const {
+    if constexpr (AShift) return p > 0 ? a[e - 1] : T(0);
+    return a[e];
+  }
+  T Scale(int64_t e, int64_t p) const { return T(1) + (p + 1 < n ? z[e + 1] : T(0)); }
+  T B(int64_t e, int64_t p) const {
+    if constexpr (BScale) return b[e] * Scale(e, p);
+    return b[e];
+  }
+  void Put(int64_t e, int64_t p, T v) const {
+    if constexpr (PostScale) v *= Scale(e, p);
+    out[e] = v;
+  }
+  // Positions [lo, hi) where every neighbour access is inside the row, so a block
+  // of positions can be handled without the edge checks.
+  int64_t SafeLo() const { return AShift ? 1 : 0; }
+  int64_t SafeHi() const { return (BScale || PostScale) ? n - 1 : n; }
 };
 
-// Each row is a serial dependency chain, so R rows advance together to keep R
-// chains in flight. R stays small: rows are n elements apart, and for
-// power-of-two n every stream maps to the same L1 set (R = 8 thrashed L1 in the
-// prototype at n = 4096). `k` counts steps taken in scan order.
-template <typename T, int R, bool Reverse, bool Fma, class Op>
-inline __attribute__((always_inline)) void RecurGroup(const Op& op, int64_t row0, int64_t n) {
-  T acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = T(0);
-  for (int64_t k = 0; k < n; ++k) {
-    const int64_t i = Reverse ? n - 1 - k : k;
+template <typename T>
+using PlainOp = Op<T, false, false, false>;
+template <typename T>
+using SumcumprodJvpOp = Op<T, false, true, false>;
+template <typename T>
+using SumcumprodVjpOp = Op<T, true, false, true>;
+
+template <typename T, bool Fma>
+inline __attribute__((always_inline)) T Step(T a, T acc, T b) {
+  if constexpr (Fma) return std::fma(a, acc, b);
+  return a * acc + b;
+}
+
+// R rows advance together over positions [p0, p1) (in scan order) so that R
+// serial dependency chains are in flight.
+template <typename T, int R, bool Reverse, bool Fma, class O>
+inline __attribute__((always_inline)) void ScalarSpan(const O& op, int64_t row0, T* acc, int64_t p0,
+                                                      int64_t p1) {
+  const int64_t n = op.n;
+  for (int64_t k = p0; k < p1; ++k) {
+    const int64_t p = Reverse ? p1 - 1 - (k - p0) : k;
     for (int r = 0; r < R; ++r) {
-      const int64_t e = (row0 + r) * n + i;
-      const T a = op.A(e, k), b = op.B(e, k);
-      acc[r] = Fma ? std::fma(a, acc[r], b) : a * acc[r] + b;
-      op.Put(e, k, acc[r]);
+      const int64_t e = (row0 + r) * n + p;
+      acc[r] = Step<T, Fma>(op.A(e, p), acc[r], op.B(e, p));
+      op.Put(e, p, acc[r]);
     }
   }
+}
+
+// R is small: rows are n elements apart, and for power-of-two n every stream
+// maps to the same L1 set (R = 8 thrashed L1 in the prototype at n = 4096).
+template <typename T, int R, bool Reverse, bool Fma, class O>
+inline __attribute__((always_inline)) void RecurGroup(const O& op, int64_t row0) {
+  T acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = T(0);
+  ScalarSpan<T, R, Reverse, Fma>(op, row0, acc, 0, op.n);
 }
 
 constexpr int kInterleave = 4;
 constexpr int64_t kChunkAlign = 8;  // row-chunk granularity for the thread pool
 
-template <typename T, bool Reverse, bool Fma, class Op>
-inline __attribute__((always_inline)) void RecurRowsImpl(const Op& op, int64_t r0, int64_t r1,
-                                                         int64_t n) {
+template <typename T, bool Reverse, bool Fma, class O>
+inline __attribute__((always_inline)) void RecurRowsImpl(const O& op, int64_t r0, int64_t r1) {
   int64_t r = r0;
-  for (; r + kInterleave <= r1; r += kInterleave) RecurGroup<T, kInterleave, Reverse, Fma>(op, r, n);
-  for (; r < r1; ++r) RecurGroup<T, 1, Reverse, Fma>(op, r, n);
+  for (; r + kInterleave <= r1; r += kInterleave) RecurGroup<T, kInterleave, Reverse, Fma>(op, r);
+  for (; r < r1; ++r) RecurGroup<T, 1, Reverse, Fma>(op, r);
 }
 
-// The chain is latency-bound: a fused multiply-add halves its latency against a
-// multiply then an add. The extension is built for a generic x86-64 target, so
-// the FMA version is compiled separately and chosen at run time.
 #if defined(__GNUC__) && defined(__x86_64__)
-template <typename T, bool Reverse, class Op>
-__attribute__((target("fma"))) void RecurRowsFma(const Op& op, int64_t r0, int64_t r1, int64_t n) {
-  RecurRowsImpl<T, Reverse, true>(op, r0, r1, n);
+// float32 with AVX2 + FMA: eight rows at once, one row per SIMD lane. A block of
+// 8 rows x 8 positions is loaded row-wise (contiguous), transposed in registers so
+// that vector j holds position j of all eight rows, advanced by eight vector FMAs,
+// transposed back and stored. The edges of a row (where a neighbour access would
+// leave it) go through the scalar path, carrying the same per-row states.
+#define EQGP_AVX2 __attribute__((target("avx2,fma")))
+
+EQGP_AVX2 inline void Transpose8(__m256* v) {
+  const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
+  const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  v[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+  v[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+  v[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+  v[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+  v[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+  v[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+  v[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+  v[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
 }
-inline bool HaveFma() {
-  static const bool have = __builtin_cpu_supports("fma");
+
+// Positions [base, base + 8) of rows row0 .. row0 + 7; `acc` holds the 8 states.
+template <bool Reverse, bool AShift, bool BScale, bool PostScale>
+EQGP_AVX2 inline void Block8x8(const Op<float, AShift, BScale, PostScale>& op, int64_t row0, int64_t base,
+                               __m256& acc) {
+  const int64_t n = op.n;
+  const __m256 one = _mm256_set1_ps(1.0f);
+  __m256 va[8], vb[8];
+  for (int q = 0; q < 8; ++q) {
+    const int64_t e = (row0 + q) * n + base;
+    va[q] = _mm256_loadu_ps(op.a + e - (AShift ? 1 : 0));
+    vb[q] = _mm256_loadu_ps(op.b + e);
+    if constexpr (BScale) vb[q] = _mm256_mul_ps(vb[q], _mm256_add_ps(one, _mm256_loadu_ps(op.z + e + 1)));
+  }
+  Transpose8(va);
+  Transpose8(vb);
+  if constexpr (Reverse) {
+    for (int j = 7; j >= 0; --j) vb[j] = acc = _mm256_fmadd_ps(va[j], acc, vb[j]);
+  } else {
+    for (int j = 0; j < 8; ++j) vb[j] = acc = _mm256_fmadd_ps(va[j], acc, vb[j]);
+  }
+  Transpose8(vb);
+  for (int q = 0; q < 8; ++q) {
+    const int64_t e = (row0 + q) * n + base;
+    __m256 v = vb[q];
+    if constexpr (PostScale) v = _mm256_mul_ps(v, _mm256_add_ps(one, _mm256_loadu_ps(op.z + e + 1)));
+    _mm256_storeu_ps(op.out + e, v);
+  }
+}
+
+template <bool Reverse, bool AShift, bool BScale, bool PostScale>
+EQGP_AVX2 void Rows8Avx2(const Op<float, AShift, BScale, PostScale>& op, int64_t row0) {
+  const int64_t lo = op.SafeLo(), hi = op.SafeHi();
+  const int64_t blocks = hi > lo ? (hi - lo) / 8 : 0;
+  // The blocks sit at the end of the safe range where the scan starts, so the
+  // scalar edges are one span before them and one after.
+  const int64_t b0 = Reverse ? hi - 8 * blocks : lo, b1 = b0 + 8 * blocks;
+  alignas(32) float acc[8] = {};
+  const int64_t first0 = Reverse ? b1 : 0, first1 = Reverse ? op.n : b0;
+  ScalarSpan<float, 8, Reverse, true>(op, row0, acc, first0, first1);
+  __m256 vacc = _mm256_load_ps(acc);
+  for (int64_t k = 0; k < blocks; ++k) {
+    const int64_t base = Reverse ? b1 - 8 * (k + 1) : b0 + 8 * k;
+    Block8x8<Reverse>(op, row0, base, vacc);
+  }
+  _mm256_store_ps(acc, vacc);
+  const int64_t last0 = Reverse ? 0 : b1, last1 = Reverse ? b0 : op.n;
+  ScalarSpan<float, 8, Reverse, true>(op, row0, acc, last0, last1);
+}
+
+template <typename T, bool Reverse, class O>
+EQGP_AVX2 void RecurRowsFma(const O& op, int64_t r0, int64_t r1) {
+  int64_t r = r0;
+  if constexpr (std::is_same_v<T, float>) {
+    for (; r + 8 <= r1; r += 8) Rows8Avx2<Reverse>(op, r);
+  }
+  RecurRowsImpl<T, Reverse, true>(op, r, r1);
+}
+
+inline bool HaveAvx2Fma() {
+  static const bool have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return have;
 }
 #else
-template <typename T, bool Reverse, class Op>
-void RecurRowsFma(const Op& op, int64_t r0, int64_t r1, int64_t n) {
-  RecurRowsImpl<T, Reverse, false>(op, r0, r1, n);  // the compiler contracts where the ISA has FMA
+template <typename T, bool Reverse, class O>
+void RecurRowsFma(const O& op, int64_t r0, int64_t r1) {
+  RecurRowsImpl<T, Reverse, false>(op, r0, r1);  // the compiler contracts where the ISA has FMA
 }
-inline bool HaveFma() { return false; }
+inline bool HaveAvx2Fma() { return false; }
 #endif
 
-template <typename T, bool Reverse, class Op>
-void RecurRows(const Op& op, int64_t r0, int64_t r1, int64_t n) {
-  if (HaveFma()) {
-    RecurRowsFma<T, Reverse>(op, r0, r1, n);
+// The extension is built for a generic x86-64 target, so the AVX2/FMA version is
+// compiled separately and chosen at run time.
+template <typename T, bool Reverse, class O>
+void RecurRows(const O& op, int64_t r0, int64_t r1) {
+  if (HaveAvx2Fma()) {
+    RecurRowsFma<T, Reverse>(op, r0, r1);
   } else {
-    RecurRowsImpl<T, Reverse, false>(op, r0, r1, n);
+    RecurRowsImpl<T, Reverse, false>(op, r0, r1);
   }
 }
 
@@ -163,11 +258,9 @@ void ParallelForRows(ffi::ThreadPool& pool, int64_t rows, int64_t n, F f) {
   st->cv.wait(lock, [&] { return st->done.load() == nchunks; });
 }
 
-template <typename T, bool Reverse, class Op>
-void RunOp(ffi::ThreadPool& pool, const Op& op, int64_t rows, int64_t n) {
-  ParallelForRows(pool, rows, n, [op, n](int64_t r0, int64_t r1) {
-    RecurRows<T, Reverse>(op, r0, r1, n);
-  });
+template <typename T, bool Reverse, class O>
+void RunOp(ffi::ThreadPool& pool, const O& op, int64_t rows) {
+  ParallelForRows(pool, rows, op.n, [op](int64_t r0, int64_t r1) { RecurRows<T, Reverse>(op, r0, r1); });
 }
 
 ffi::Error LinearRecurrenceCpu(ffi::ThreadPool pool, bool reverse, ffi::AnyBuffer a,
@@ -177,11 +270,11 @@ ffi::Error LinearRecurrenceCpu(ffi::ThreadPool pool, bool reverse, ffi::AnyBuffe
   if (rn->rows == 0 || rn->n == 0) return ffi::Error::Success();
   auto run = [&](auto zero) {
     using T = decltype(zero);
-    PlainOp<T> op{a.typed_data<T>(), b.typed_data<T>(), z->typed_data<T>()};
+    PlainOp<T> op{a.typed_data<T>(), b.typed_data<T>(), nullptr, z->typed_data<T>(), rn->n};
     if (reverse) {
-      RunOp<T, true>(pool, op, rn->rows, rn->n);
+      RunOp<T, true>(pool, op, rn->rows);
     } else {
-      RunOp<T, false>(pool, op, rn->rows, rn->n);
+      RunOp<T, false>(pool, op, rn->rows);
     }
   };
   if (a.element_type() == ffi::DataType::F32) {
@@ -208,9 +301,9 @@ ffi::Error SumcumprodJvpCpu(ffi::ThreadPool pool, bool transpose, ffi::AnyBuffer
     const T* tp = t.typed_data<T>();
     T* op = out->typed_data<T>();
     if (transpose) {
-      RunOp<T, false>(pool, SumcumprodVjpOp<T>{xp, zp, tp, op, rn->n}, rn->rows, rn->n);
+      RunOp<T, false>(pool, SumcumprodVjpOp<T>{xp, tp, zp, op, rn->n}, rn->rows);
     } else {
-      RunOp<T, true>(pool, SumcumprodJvpOp<T>{xp, zp, tp, op}, rn->rows, rn->n);
+      RunOp<T, true>(pool, SumcumprodJvpOp<T>{xp, tp, zp, op, rn->n}, rn->rows);
     }
   };
   if (x.element_type() == ffi::DataType::F32) {

@@ -138,6 +138,26 @@ def test_fused_jacobian_products_match_reference(dtype, shape, transpose):
     assert_close(out, _jacobian_product_reference(x, t, transpose), **tol(dtype))
 
 
+@pytest.mark.parametrize("shape", [(8, 1), (8, 2), (8, 8), (8, 9), (16, 17), (9, 33), (3, 8, 100)])
+def test_float32_row_blocks_and_edges(shape):
+    # float32 rows in groups of eight take the SIMD path where the CPU has AVX2 (edges of
+    # each row, and leftover rows, take the scalar path): all three native ops, both
+    # directions, against float64 references.
+    kx, kt = jax.random.split(jax.random.key(24))
+    x = jax.random.uniform(kx, shape, jnp.float32, 0.2, 1.0)
+    t = jax.random.normal(kt, shape, jnp.float32)
+    x64, t64 = x.astype(jnp.float64), t.astype(jnp.float64)
+    for reverse in (True, False):
+        ref = eqgp.ops.linear_recurrence_reference(x64, t64, reverse=reverse)
+        assert_close(linear_recurrence(x, t, reverse=reverse), ref, rtol=2e-5, atol=2e-5 * float(jnp.abs(ref).max()))
+    z = sumcumprod(x)
+    assert_close(z, sumcumprod_reference(x64), rtol=2e-5)
+    for transpose in (False, True):
+        ref = _jacobian_product_reference(x64, t64, transpose)
+        got = eqgp.ops.sumcumprod_jvp_p.bind(x, z, t, transpose=transpose)
+        assert_close(got, ref, rtol=2e-5, atol=2e-5 * float(jnp.abs(ref).max()))
+
+
 def test_fused_jacobian_products_are_adjoint():
     kx, kt, ks = jax.random.split(jax.random.key(22), 3)
     x = jax.random.uniform(kx, (3, 40), jnp.float64, 0.2, 1.05)
