@@ -3,7 +3,7 @@
 # jaxtyping, optax, pybind11, scikit-build-core, cmake, nvcc preinstalled). Run from the
 # repository root: bash benchmarks/gpu_check.sh
 #  1. builds eqgp with the CUDA handlers (no build isolation: uses what is installed),
-#  2. runs the op tests with JAX on the GPU,
+#  2. runs the op and linear-algebra tests with JAX on the GPU,
 #  3. compute-sanitizer memcheck on a small case (both directions, both row paths),
 #  4. benchmarks (16384, 16384) float32: native forward vs a device copy (bandwidth).
 set -euo pipefail
@@ -16,7 +16,7 @@ print("devices:", jax.devices(), "native platforms:", eqgp.ops.NATIVE_PLATFORMS)
 assert jax.default_backend() == "gpu", "JAX does not see the GPU"
 assert "cuda" in eqgp.ops.NATIVE_PLATFORMS, "CUDA handlers not built/loaded"
 PY
-python -m pytest -q -x tests/test_ops.py tests/test_nn.py -p no:cacheprovider
+python -m pytest -q -x tests/test_ops.py tests/test_nn.py tests/test_linalg.py -p no:cacheprovider
 cat > /tmp/eqgp_memcheck.py <<'PY'
 import jax
 jax.config.update("jax_enable_x64", True)

@@ -71,6 +71,8 @@ def main():
         assoc = jax.jit(sumcumprod_reference)
         scan = jax.jit(lax_scan_sumcumprod)
         grad = jax.jit(jax.grad(lambda v: jnp.sum(sumcumprod(v))))
+        vjp = jax.jit(lambda v, c: jax.vjp(sumcumprod, v)[1](c)[0])
+        ct = jnp.asarray(np.random.default_rng(1).normal(size=(R, C)).astype(dtype))
         rtol = 1e-4 if dtype == np.float32 else 1e-10
         np.testing.assert_allclose(fwd(x)[:64], assoc(x)[:64], rtol=rtol)
         np.testing.assert_allclose(fwd(x)[:64], scan(x)[:64], rtol=rtol)
@@ -79,6 +81,7 @@ def main():
         t_assoc = median_time(assoc, x, repeats=3)
         t_scan = median_time(scan, x, repeats=3)
         t_grad = median_time(grad, x)
+        t_vjp = median_time(vjp, x, ct)
         name = np.dtype(dtype).name
         print(f"[{name}] numpy copy {t_copy * 1e3:7.2f} ms (warm)")
         print(
@@ -89,7 +92,10 @@ def main():
             f"[{name}] associative_scan {t_assoc * 1e3:8.1f} ms ({t_assoc / t_fwd:5.1f}x native)"
             f" | lax.scan {t_scan * 1e3:8.1f} ms ({t_scan / t_fwd:5.1f}x native)"
         )
-        print(f"[{name}] grad (fwd+bwd) {t_grad * 1e3:7.2f} ms | grad/copy {t_grad / t_copy:5.2f}")
+        print(
+            f"[{name}] grad of sum (fwd+bwd) {t_grad * 1e3:7.2f} ms | grad/copy {t_grad / t_copy:5.2f}"
+            f" | vjp with a given cotangent {t_vjp * 1e3:7.2f} ms | vjp/copy {t_vjp / t_copy:5.2f}"
+        )
         if dtype == np.float32:
             result = t_fwd / t_copy
             xb = x[:512]
