@@ -31,7 +31,7 @@ def test_forward_matches_references(dtype, shape):
     assert y.shape == shape and y.dtype == dtype
     if shape[-1] <= 100:
         assert_close(y, sumcumprod_quadratic(x), **tol(dtype))
-    assert_close(y, sumcumprod_reference(x), **tol(dtype))
+    assert_close(y, jax.jit(sumcumprod_reference)(x), **tol(dtype))
 
 
 @pytest.mark.parametrize("reverse", [True, False])
@@ -119,6 +119,7 @@ def test_grad_runs_native_recurrences_only():
     assert 'custom_call_target="eqgp_sumcumprod_jvp"' in hlo
 
 
+@functools.partial(jax.jit, static_argnums=2)
 def _jacobian_product_reference(x, t, transpose):
     """J t or J^T t of sumcumprod by the associative-scan reference's own autodiff."""
     if transpose:
@@ -148,10 +149,10 @@ def test_float32_row_blocks_and_edges(shape):
     t = jax.random.normal(kt, shape, jnp.float32)
     x64, t64 = x.astype(jnp.float64), t.astype(jnp.float64)
     for reverse in (True, False):
-        ref = eqgp.ops.linear_recurrence_reference(x64, t64, reverse=reverse)
+        ref = jax.jit(eqgp.ops.linear_recurrence_reference, static_argnames="reverse")(x64, t64, reverse=reverse)
         assert_close(linear_recurrence(x, t, reverse=reverse), ref, rtol=2e-5, atol=2e-5 * float(jnp.abs(ref).max()))
     z = sumcumprod(x)
-    assert_close(z, sumcumprod_reference(x64), rtol=2e-5)
+    assert_close(z, jax.jit(sumcumprod_reference)(x64), rtol=2e-5)
     for transpose in (False, True):
         ref = _jacobian_product_reference(x64, t64, transpose)
         got = eqgp.ops.sumcumprod_jvp_p.bind(x, z, t, transpose=transpose)
