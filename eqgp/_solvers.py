@@ -56,8 +56,10 @@ class Cholesky(AbstractSolver):
         n = A.shape[0]
         if n == 0:
             return A
-        scale = jnp.mean(jnp.diagonal(A))
-        L = jnp.linalg.cholesky(A + (self.jitter * scale) * jnp.eye(n, dtype=A.dtype))
+        if self.jitter:
+            scale = jnp.mean(jnp.diagonal(A))
+            A = A + (self.jitter * scale) * jnp.eye(n, dtype=A.dtype)
+        L = jnp.linalg.cholesky(A)
         return eqx.error_if(L, ~jnp.all(jnp.isfinite(L)), _NOT_PD)
 
     def solve(self, state, B):
