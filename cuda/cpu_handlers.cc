@@ -277,11 +277,7 @@ ffi::Error LinearRecurrenceCpu(ffi::ThreadPool pool, bool reverse, ffi::AnyBuffe
       RunOp<T, false>(pool, op, rn->rows);
     }
   };
-  if (a.element_type() == ffi::DataType::F32) {
-    run(float{});
-  } else {
-    run(double{});
-  }
+  eqgp::ForFloatType(a.element_type(), run);
   return ffi::Error::Success();
 }
 
@@ -289,10 +285,8 @@ ffi::Error LinearRecurrenceCpu(ffi::ThreadPool pool, bool reverse, ffi::AnyBuffe
 // sumcumprod at x and z = sumcumprod(x).
 ffi::Error SumcumprodJvpCpu(ffi::ThreadPool pool, bool transpose, ffi::AnyBuffer x,
                             ffi::AnyBuffer z, ffi::AnyBuffer t, ffi::Result<ffi::AnyBuffer> out) {
-  auto rn = eqgp::CheckOperands("eqgp_sumcumprod_jvp[cpu]", x, z, *out);
+  auto rn = eqgp::CheckJvpOperands("eqgp_sumcumprod_jvp[cpu]", x, z, t, *out);
   if (rn.has_error()) return rn.error();
-  auto rt = eqgp::CheckOperands("eqgp_sumcumprod_jvp[cpu]", x, t, *out);
-  if (rt.has_error()) return rt.error();
   if (rn->rows == 0 || rn->n == 0) return ffi::Error::Success();
   auto run = [&](auto zero) {
     using T = decltype(zero);
@@ -306,11 +300,7 @@ ffi::Error SumcumprodJvpCpu(ffi::ThreadPool pool, bool transpose, ffi::AnyBuffer
       RunOp<T, true>(pool, SumcumprodJvpOp<T>{xp, tp, zp, op, rn->n}, rn->rows);
     }
   };
-  if (x.element_type() == ffi::DataType::F32) {
-    run(float{});
-  } else {
-    run(double{});
-  }
+  eqgp::ForFloatType(x.element_type(), run);
   return ffi::Error::Success();
 }
 

@@ -48,46 +48,39 @@ struct RunningPrefix {  // the composition of every earlier tile of the row
 };
 
 // Element access for the scans: the affine map at row position p (Load) and what
-// to write for the state there (Store). `off` is the row's first element.
-template <typename T>
-struct PlainOp {  // z_p = a_p z_{p-+1} + b_p
+// to write for the state there (Store); `off` is the row's first element. One
+// struct, specialised by three flags, covers the three ops (as on the CPU):
+//
+//   plain  z = LR(a, b):       (a_p, b_p),                 out = state
+//   J t    (sumcumprod at x):  (x_p, t_p (1 + z_{p+1})),   out = state                (reverse)
+//   J^T t:                     (x_{p-1}, t_p),             out = state (1 + z_{p+1})  (forward)
+template <typename T, bool AShift, bool BScale, bool PostScale>
+struct Op {
   const T* __restrict__ a;
   const T* __restrict__ b;
-  T* __restrict__ z;
-  __device__ __forceinline__ Affine<T> Load(int64_t off, int64_t p, int64_t) const {
-    return Affine<T>{a[off + p], b[off + p]};
-  }
-  __device__ __forceinline__ void Store(int64_t off, int64_t p, int64_t, T v) const { z[off + p] = v; }
-};
-
-// J t, J the Jacobian of sumcumprod at x and z = sumcumprod(x): the reverse scan of
-// (x_p, t_p (1 + z_{p+1})).
-template <typename T>
-struct SumcumprodJvpOp {
-  const T* __restrict__ x;
-  const T* __restrict__ z;
-  const T* __restrict__ t;
+  const T* __restrict__ z;  // only read with BScale or PostScale
   T* __restrict__ out;
+  __device__ __forceinline__ T Scale(int64_t off, int64_t p, int64_t n) const {
+    return T(1) + (p + 1 < n ? z[off + p + 1] : T(0));
+  }
   __device__ __forceinline__ Affine<T> Load(int64_t off, int64_t p, int64_t n) const {
-    return Affine<T>{x[off + p], t[off + p] * (T(1) + (p + 1 < n ? z[off + p + 1] : T(0)))};
-  }
-  __device__ __forceinline__ void Store(int64_t off, int64_t p, int64_t, T v) const { out[off + p] = v; }
-};
-
-// J^T t: the forward scan of (x_{p-1}, t_p), each state times (1 + z_{p+1}).
-template <typename T>
-struct SumcumprodVjpOp {
-  const T* __restrict__ x;
-  const T* __restrict__ z;
-  const T* __restrict__ t;
-  T* __restrict__ out;
-  __device__ __forceinline__ Affine<T> Load(int64_t off, int64_t p, int64_t) const {
-    return Affine<T>{p > 0 ? x[off + p - 1] : T(0), t[off + p]};
+    T av = AShift ? (p > 0 ? a[off + p - 1] : T(0)) : a[off + p];
+    T bv = b[off + p];
+    if (BScale) bv *= Scale(off, p, n);
+    return Affine<T>{av, bv};
   }
   __device__ __forceinline__ void Store(int64_t off, int64_t p, int64_t n, T v) const {
-    out[off + p] = v * (T(1) + (p + 1 < n ? z[off + p + 1] : T(0)));
+    if (PostScale) v *= Scale(off, p, n);
+    out[off + p] = v;
   }
 };
+
+template <typename T>
+using PlainOp = Op<T, false, false, false>;
+template <typename T>
+using SumcumprodJvpOp = Op<T, false, true, false>;
+template <typename T>
+using SumcumprodVjpOp = Op<T, true, false, true>;
 
 constexpr int kBlock = 256;
 constexpr int kItems = 4;
@@ -101,8 +94,8 @@ __device__ __forceinline__ int64_t Pos(int64_t k, int64_t n) {
   return Reverse ? n - 1 - k : k;
 }
 
-template <typename T, bool Reverse, class Op>
-__global__ void BlockRowKernel(Op op, int64_t rows, int64_t n) {
+template <typename T, bool Reverse, class O>
+__global__ void BlockRowKernel(O op, int64_t rows, int64_t n) {
   using BlockScan = cub::BlockScan<Affine<T>, kBlock>;
   using Exchange = cub::BlockExchange<Affine<T>, kBlock, kItems>;
   __shared__ union {
@@ -138,8 +131,8 @@ __global__ void BlockRowKernel(Op op, int64_t rows, int64_t n) {
   }
 }
 
-template <typename T, bool Reverse, class Op>
-__global__ void WarpRowKernel(Op op, int64_t rows, int64_t n) {
+template <typename T, bool Reverse, class O>
+__global__ void WarpRowKernel(O op, int64_t rows, int64_t n) {
   using WarpScan = cub::WarpScan<Affine<T>>;
   __shared__ typename WarpScan::TempStorage temp[kWarpsPerBlock];
   const int warp = threadIdx.x / 32;
@@ -167,8 +160,8 @@ inline unsigned GridFor(int64_t work_items, int64_t per_block) {
   return static_cast<unsigned>(g < 1 ? 1 : g);
 }
 
-template <typename T, bool Reverse, class Op>
-void Launch(cudaStream_t s, const Op& op, int64_t rows, int64_t n) {
+template <typename T, bool Reverse, class O>
+void Launch(cudaStream_t s, const O& op, int64_t rows, int64_t n) {
   if (n <= kWarpRowMax) {
     WarpRowKernel<T, Reverse><<<GridFor(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, s>>>(op, rows, n);
   } else {
@@ -193,18 +186,14 @@ ffi::Error LinearRecurrenceCuda(cudaStream_t stream, bool reverse, ffi::AnyBuffe
   if (rn->rows == 0 || rn->n == 0) return ffi::Error::Success();  // never launch an empty grid
   auto run = [&](auto zero) {
     using T = decltype(zero);
-    PlainOp<T> op{a.typed_data<T>(), b.typed_data<T>(), z->typed_data<T>()};
+    PlainOp<T> op{a.typed_data<T>(), b.typed_data<T>(), nullptr, z->typed_data<T>()};
     if (reverse) {
       Launch<T, true>(stream, op, rn->rows, rn->n);
     } else {
       Launch<T, false>(stream, op, rn->rows, rn->n);
     }
   };
-  if (a.element_type() == ffi::DataType::F32) {
-    run(float{});
-  } else {
-    run(double{});
-  }
+  eqgp::ForFloatType(a.element_type(), run);
   return LaunchError(name);
 }
 
@@ -212,10 +201,8 @@ ffi::Error LinearRecurrenceCuda(cudaStream_t stream, bool reverse, ffi::AnyBuffe
 ffi::Error SumcumprodJvpCuda(cudaStream_t stream, bool transpose, ffi::AnyBuffer x, ffi::AnyBuffer z,
                              ffi::AnyBuffer t, ffi::Result<ffi::AnyBuffer> out) {
   const char* name = "eqgp_sumcumprod_jvp[cuda]";
-  auto rn = eqgp::CheckOperands(name, x, z, *out);
+  auto rn = eqgp::CheckJvpOperands(name, x, z, t, *out);
   if (rn.has_error()) return rn.error();
-  auto rt = eqgp::CheckOperands(name, x, t, *out);
-  if (rt.has_error()) return rt.error();
   if (rn->rows == 0 || rn->n == 0) return ffi::Error::Success();
   auto run = [&](auto zero) {
     using T = decltype(zero);
@@ -224,16 +211,12 @@ ffi::Error SumcumprodJvpCuda(cudaStream_t stream, bool transpose, ffi::AnyBuffer
     const T* tp = t.typed_data<T>();
     T* op = out->typed_data<T>();
     if (transpose) {
-      Launch<T, false>(stream, SumcumprodVjpOp<T>{xp, zp, tp, op}, rn->rows, rn->n);
+      Launch<T, false>(stream, SumcumprodVjpOp<T>{xp, tp, zp, op}, rn->rows, rn->n);
     } else {
-      Launch<T, true>(stream, SumcumprodJvpOp<T>{xp, zp, tp, op}, rn->rows, rn->n);
+      Launch<T, true>(stream, SumcumprodJvpOp<T>{xp, tp, zp, op}, rn->rows, rn->n);
     }
   };
-  if (x.element_type() == ffi::DataType::F32) {
-    run(float{});
-  } else {
-    run(double{});
-  }
+  eqgp::ForFloatType(x.element_type(), run);
   return LaunchError(name);
 }
 

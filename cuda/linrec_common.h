@@ -75,4 +75,22 @@ inline ffi::ErrorOr<RowsN> CheckOperands(const char* op, const ffi::AnyBuffer& a
   return r;
 }
 
+// The operands of the sumcumprod Jacobian products: x, z = sumcumprod(x), t and out.
+inline ffi::ErrorOr<RowsN> CheckJvpOperands(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& z,
+                                            const ffi::AnyBuffer& t, const ffi::AnyBuffer& out) {
+  auto rn = CheckOperands(op, x, z, out);
+  if (rn.has_error()) return rn;
+  return CheckOperands(op, x, t, out);
+}
+
+// Calls f(T{}) with T the C type of a checked float32/float64 dtype.
+template <class F>
+void ForFloatType(ffi::DataType t, F f) {
+  if (t == ffi::DataType::F32) {
+    f(float{});
+  } else {
+    f(double{});
+  }
+}
+
 }  // namespace eqgp

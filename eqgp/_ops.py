@@ -133,17 +133,24 @@ def _transpose(ct, a, b, *, reverse):
     return None, linear_recurrence_p.bind(_shift(a, not reverse), ct, reverse=not reverse)
 
 
-def _batch(args, dims, *, reverse):
-    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
-    moved = [
-        jnp.moveaxis(x, d, 0) if d is not None else jnp.broadcast_to(x, (size,) + x.shape) for x, d in zip(args, dims)
-    ]
-    return linear_recurrence_p.bind(*moved, reverse=reverse), 0
+def _rows_batcher(prim):
+    """The batching rule of a primitive whose native kernel treats every leading axis as
+    a row: batch axes to the front, unbatched operands broadcast, one call."""
+
+    def rule(args, dims, **params):
+        size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+        moved = [
+            jnp.moveaxis(x, d, 0) if d is not None else jnp.broadcast_to(x, (size,) + x.shape)
+            for x, d in zip(args, dims)
+        ]
+        return prim.bind(*moved, **params), 0
+
+    return rule
 
 
 ad.primitive_jvps[linear_recurrence_p] = _jvp
 ad.primitive_transposes[linear_recurrence_p] = _transpose
-batching.primitive_batchers[linear_recurrence_p] = _batch
+batching.primitive_batchers[linear_recurrence_p] = _rows_batcher(linear_recurrence_p)
 
 
 def _check_float(name: str, x) -> Array:
@@ -269,17 +276,9 @@ def _scp_transpose(ct, x, z, t, *, transpose):
     return None, None, sumcumprod_jvp_p.bind(x, z, ct, transpose=not transpose)
 
 
-def _scp_batch(args, dims, *, transpose):
-    size = next(v.shape[d] for v, d in zip(args, dims) if d is not None)
-    moved = [
-        jnp.moveaxis(v, d, 0) if d is not None else jnp.broadcast_to(v, (size,) + v.shape) for v, d in zip(args, dims)
-    ]
-    return sumcumprod_jvp_p.bind(*moved, transpose=transpose), 0
-
-
 ad.primitive_jvps[sumcumprod_jvp_p] = _scp_jvp_rule
 ad.primitive_transposes[sumcumprod_jvp_p] = _scp_transpose
-batching.primitive_batchers[sumcumprod_jvp_p] = _scp_batch
+batching.primitive_batchers[sumcumprod_jvp_p] = _rows_batcher(sumcumprod_jvp_p)
 
 
 @jax.custom_jvp
