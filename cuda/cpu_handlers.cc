@@ -139,20 +139,26 @@ EQGP_AVX2 inline void Transpose8(__m256* v) {
 }
 
 // Positions [base, base + 8) of rows row0 .. row0 + 7; `acc` holds the 8 states.
-template <bool Reverse, bool AShift, bool BScale, bool PostScale>
+// SameAB: a and b are one array (sumcumprod's forward), loaded and transposed once.
+template <bool Reverse, bool SameAB, bool AShift, bool BScale, bool PostScale>
 EQGP_AVX2 inline void Block8x8(const Op<float, AShift, BScale, PostScale>& op, int64_t row0, int64_t base,
                                __m256& acc) {
+  static_assert(!SameAB || (!AShift && !BScale), "a and b are only shared unshifted and unscaled");
   const int64_t n = op.n;
   const __m256 one = _mm256_set1_ps(1.0f);
   __m256 va[8], vb[8];
   for (int q = 0; q < 8; ++q) {
     const int64_t e = (row0 + q) * n + base;
     va[q] = _mm256_loadu_ps(op.a + e - (AShift ? 1 : 0));
-    vb[q] = _mm256_loadu_ps(op.b + e);
+    if constexpr (!SameAB) vb[q] = _mm256_loadu_ps(op.b + e);
     if constexpr (BScale) vb[q] = _mm256_mul_ps(vb[q], _mm256_add_ps(one, _mm256_loadu_ps(op.z + e + 1)));
   }
   Transpose8(va);
-  Transpose8(vb);
+  if constexpr (SameAB) {
+    for (int q = 0; q < 8; ++q) vb[q] = va[q];
+  } else {
+    Transpose8(vb);
+  }
   if constexpr (Reverse) {
     for (int j = 7; j >= 0; --j) vb[j] = acc = _mm256_fmadd_ps(va[j], acc, vb[j]);
   } else {
@@ -178,9 +184,17 @@ EQGP_AVX2 void Rows8Avx2(const Op<float, AShift, BScale, PostScale>& op, int64_t
   const int64_t first0 = Reverse ? b1 : 0, first1 = Reverse ? op.n : b0;
   ScalarSpan<float, 8, Reverse, true>(op, row0, acc, first0, first1);
   __m256 vacc = _mm256_load_ps(acc);
+  bool same_ab = false;
+  if constexpr (!AShift && !BScale) same_ab = op.a == op.b;
   for (int64_t k = 0; k < blocks; ++k) {
     const int64_t base = Reverse ? b1 - 8 * (k + 1) : b0 + 8 * k;
-    Block8x8<Reverse>(op, row0, base, vacc);
+    if constexpr (!AShift && !BScale) {
+      if (same_ab) {
+        Block8x8<Reverse, true>(op, row0, base, vacc);
+        continue;
+      }
+    }
+    Block8x8<Reverse, false>(op, row0, base, vacc);
   }
   _mm256_store_ps(acc, vacc);
   const int64_t last0 = Reverse ? 0 : b1, last1 = Reverse ? b0 : op.n;
