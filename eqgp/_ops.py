@@ -70,21 +70,29 @@ def linear_recurrence_reference(a, b, *, reverse: bool):
 linear_recurrence_p = Primitive("eqgp_linear_recurrence")
 
 
-@functools.cache
-def _jitted_bind(reverse: bool):
-    return jax.jit(lambda a, b: linear_recurrence_p.bind(a, b, reverse=reverse))
+def _jit_impl(prim):
+    """Eager application of a primitive: one cached jit per (bool) parameter set."""
+
+    @functools.cache
+    def jitted(params):
+        return jax.jit(lambda *args: prim.bind(*args, **dict(params)))
+
+    return lambda *args, **params: jitted(tuple(sorted(params.items())))(*args)
 
 
-linear_recurrence_p.def_impl(lambda a, b, *, reverse: _jitted_bind(reverse)(a, b))
+def _native_lowering(target: str):
+    rule = jax.ffi.ffi_lowering(target)
+
+    def lowering(ctx, *args, **params):
+        # Attributes normalised to exact C types: an int where a bool is bound fails, and
+        # True == 1 would collide in jax's compilation cache.
+        return rule(ctx, *args, **{k: bool(v) for k, v in params.items()})
+
+    return lowering
+
+
+linear_recurrence_p.def_impl(_jit_impl(linear_recurrence_p))
 linear_recurrence_p.def_abstract_eval(lambda a, b, *, reverse: jax.core.ShapedArray(b.shape, b.dtype))
-
-_native_rule = jax.ffi.ffi_lowering(_TARGET)
-
-
-def _native_lowering(ctx, a, b, *, reverse):
-    # Attributes normalised to exact C types: an int where a bool is bound fails, and
-    # True == 1 would collide in jax's compilation cache.
-    return _native_rule(ctx, a, b, reverse=bool(reverse))
 
 
 _fallback_warned = False
@@ -106,7 +114,7 @@ def _fallback(a, b, *, reverse):
 
 mlir.register_lowering(linear_recurrence_p, mlir.lower_fun(_fallback, multiple_results=False))
 for _platform in NATIVE_PLATFORMS:
-    mlir.register_lowering(linear_recurrence_p, _native_lowering, platform=_platform)
+    mlir.register_lowering(linear_recurrence_p, _native_lowering(_TARGET), platform=_platform)
 
 
 def _jvp(primals, tangents, *, reverse):
@@ -219,12 +227,7 @@ def _scp_jvp_reference(x, z, t, *, transpose):
     return linear_recurrence_p.bind(x, t * scale, reverse=True)
 
 
-@functools.cache
-def _jitted_scp_bind(transpose: bool):
-    return jax.jit(lambda x, z, t: sumcumprod_jvp_p.bind(x, z, t, transpose=transpose))
-
-
-sumcumprod_jvp_p.def_impl(lambda x, z, t, *, transpose: _jitted_scp_bind(transpose)(x, z, t))
+sumcumprod_jvp_p.def_impl(_jit_impl(sumcumprod_jvp_p))
 
 
 def _scp_abstract_eval(x, z, t, *, transpose):
@@ -238,18 +241,11 @@ def _scp_abstract_eval(x, z, t, *, transpose):
 
 sumcumprod_jvp_p.def_abstract_eval(_scp_abstract_eval)
 
-_scp_native_rule = jax.ffi.ffi_lowering("eqgp_sumcumprod_jvp")
-
-
-def _scp_native_lowering(ctx, x, z, t, *, transpose):
-    return _scp_native_rule(ctx, x, z, t, transpose=bool(transpose))
-
-
 mlir.register_lowering(
     sumcumprod_jvp_p, mlir.lower_fun(_scp_jvp_reference, multiple_results=False)
 )  # the fallback: its recurrence warns once where no native handler exists
 for _platform in NATIVE_PLATFORMS:
-    mlir.register_lowering(sumcumprod_jvp_p, _scp_native_lowering, platform=_platform)
+    mlir.register_lowering(sumcumprod_jvp_p, _native_lowering("eqgp_sumcumprod_jvp"), platform=_platform)
 
 
 def _scp_jvp_rule(primals, tangents, *, transpose):
