@@ -27,7 +27,8 @@ for shape in [(3, 5), (7, 300), (2, 3000), (1, 0)]:
         a = jax.random.uniform(jax.random.key(0), shape, dt, 0.2, 1.0)
         for rev in (True, False):
             jax.block_until_ready(linear_recurrence(a, a, reverse=rev))
-        jax.block_until_ready(jax.grad(lambda v: jnp.sum(sumcumprod(v)))(a))
+        jax.block_until_ready(jax.grad(lambda v: jnp.sum(sumcumprod(v)))(a))  # J^T t (scratch z)
+        jax.block_until_ready(jax.jvp(sumcumprod, (a,), (a,)))  # J t
 print("memcheck workload done")
 PY
 XLA_PYTHON_CLIENT_PREALLOCATE=false compute-sanitizer --tool memcheck --leak-check no \

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include <pybind11/pybind11.h>
 
@@ -43,6 +44,9 @@ struct Op {
   const T* z;  // only read with BScale or PostScale
   T* out;
   int64_t n;
+  // Write `out` with non-temporal stores where the SIMD path can: for outputs too
+  // large to stay in cache, it saves reading each line in before overwriting it.
+  bool stream = false;
   // e: flat index, p: position in the row.
   T A(int64_t e, int64_t p) const {
     if constexpr (AShift) return p > 0 ? a[e - 1] : T(0);
@@ -112,101 +116,165 @@ inline __attribute__((always_inline)) void RecurRowsImpl(const O& op, int64_t r0
 }
 
 #if defined(__GNUC__) && defined(__x86_64__)
-// float32 with AVX2 + FMA: eight rows at once, one row per SIMD lane. A block of
-// 8 rows x 8 positions is loaded row-wise (contiguous), transposed in registers so
-// that vector j holds position j of all eight rows, advanced by eight vector FMAs,
-// transposed back and stored. The edges of a row (where a neighbour access would
-// leave it) go through the scalar path, carrying the same per-row states.
+// AVX2 + FMA: W rows at once (8 float32 or 4 float64), one row per SIMD lane. A
+// block of W rows x W positions is loaded row-wise (contiguous), transposed in
+// registers so that vector j holds position j of all W rows, advanced by W vector
+// FMAs, transposed back and stored. The edges of a row (where a neighbour access
+// would leave it) go through the scalar path, carrying the same per-row states.
 #define EQGP_AVX2 __attribute__((target("avx2,fma")))
 
-EQGP_AVX2 inline void Transpose8(__m256* v) {
-  const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
-  const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
-  const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
-  const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
-  const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-  const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-  const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-  const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-  v[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
-  v[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
-  v[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
-  v[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
-  v[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
-  v[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
-  v[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
-  v[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
-}
+template <typename T>
+struct Avx2;
 
-// Positions [base, base + 8) of rows row0 .. row0 + 7; `acc` holds the 8 states.
-// SameAB: a and b are one array (sumcumprod's forward), loaded and transposed once.
-template <bool Reverse, bool SameAB, bool AShift, bool BScale, bool PostScale>
-EQGP_AVX2 inline void Block8x8(const Op<float, AShift, BScale, PostScale>& op, int64_t row0, int64_t base,
-                               __m256& acc) {
-  static_assert(!SameAB || (!AShift && !BScale), "a and b are only shared unshifted and unscaled");
-  const int64_t n = op.n;
-  const __m256 one = _mm256_set1_ps(1.0f);
-  __m256 va[8], vb[8];
-  for (int q = 0; q < 8; ++q) {
-    const int64_t e = (row0 + q) * n + base;
-    va[q] = _mm256_loadu_ps(op.a + e - (AShift ? 1 : 0));
-    if constexpr (!SameAB) vb[q] = _mm256_loadu_ps(op.b + e);
-    if constexpr (BScale) vb[q] = _mm256_mul_ps(vb[q], _mm256_add_ps(one, _mm256_loadu_ps(op.z + e + 1)));
+template <>
+struct Avx2<float> {
+  using V = __m256;
+  static constexpr int W = 8;
+  EQGP_AVX2 static V Load(const float* p) { return _mm256_loadu_ps(p); }
+  EQGP_AVX2 static void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  EQGP_AVX2 static void Stream(float* p, V v) { _mm256_stream_ps(p, v); }  // p 32-byte aligned
+  EQGP_AVX2 static V LoadState(const float* p) { return _mm256_load_ps(p); }
+  EQGP_AVX2 static void StoreState(float* p, V v) { _mm256_store_ps(p, v); }
+  EQGP_AVX2 static V One() { return _mm256_set1_ps(1.0f); }
+  EQGP_AVX2 static V Add(V a, V b) { return _mm256_add_ps(a, b); }
+  EQGP_AVX2 static V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  EQGP_AVX2 static V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  EQGP_AVX2 static void Transpose(V* v) {
+    const V t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
+    const V t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
+    const V t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
+    const V t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
+    const V s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const V s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const V s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const V s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    v[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+    v[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    v[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+    v[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    v[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+    v[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    v[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+    v[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
   }
-  Transpose8(va);
+};
+
+template <>
+struct Avx2<double> {
+  using V = __m256d;
+  static constexpr int W = 4;
+  EQGP_AVX2 static V Load(const double* p) { return _mm256_loadu_pd(p); }
+  EQGP_AVX2 static void Store(double* p, V v) { _mm256_storeu_pd(p, v); }
+  EQGP_AVX2 static void Stream(double* p, V v) { _mm256_stream_pd(p, v); }  // p 32-byte aligned
+  EQGP_AVX2 static V LoadState(const double* p) { return _mm256_load_pd(p); }
+  EQGP_AVX2 static void StoreState(double* p, V v) { _mm256_store_pd(p, v); }
+  EQGP_AVX2 static V One() { return _mm256_set1_pd(1.0); }
+  EQGP_AVX2 static V Add(V a, V b) { return _mm256_add_pd(a, b); }
+  EQGP_AVX2 static V Mul(V a, V b) { return _mm256_mul_pd(a, b); }
+  EQGP_AVX2 static V Fma(V a, V b, V c) { return _mm256_fmadd_pd(a, b, c); }
+  EQGP_AVX2 static void Transpose(V* v) {
+    const V t0 = _mm256_unpacklo_pd(v[0], v[1]), t1 = _mm256_unpackhi_pd(v[0], v[1]);
+    const V t2 = _mm256_unpacklo_pd(v[2], v[3]), t3 = _mm256_unpackhi_pd(v[2], v[3]);
+    v[0] = _mm256_permute2f128_pd(t0, t2, 0x20);
+    v[1] = _mm256_permute2f128_pd(t1, t3, 0x20);
+    v[2] = _mm256_permute2f128_pd(t0, t2, 0x31);
+    v[3] = _mm256_permute2f128_pd(t1, t3, 0x31);
+  }
+};
+
+// Positions [base, base + W) of rows row0 .. row0 + W - 1; `acc` holds the W states.
+// SameAB: a and b are one array (sumcumprod's forward), loaded and transposed once.
+// Stream: the outputs are stored non-temporally (every row's address is aligned).
+template <typename T, bool Reverse, bool SameAB, bool Stream, bool AShift, bool BScale, bool PostScale>
+EQGP_AVX2 inline void SimdBlock(const Op<T, AShift, BScale, PostScale>& op, int64_t row0, int64_t base,
+                                typename Avx2<T>::V& acc) {
+  static_assert(!SameAB || (!AShift && !BScale), "a and b are only shared unshifted and unscaled");
+  using S = Avx2<T>;
+  constexpr int W = S::W;
+  const int64_t n = op.n;
+  const typename S::V one = S::One();
+  typename S::V va[W], vb[W];
+  for (int q = 0; q < W; ++q) {
+    const int64_t e = (row0 + q) * n + base;
+    va[q] = S::Load(op.a + e - (AShift ? 1 : 0));
+    if constexpr (!SameAB) vb[q] = S::Load(op.b + e);
+    if constexpr (BScale) vb[q] = S::Mul(vb[q], S::Add(one, S::Load(op.z + e + 1)));
+  }
+  S::Transpose(va);
   if constexpr (SameAB) {
-    for (int q = 0; q < 8; ++q) vb[q] = va[q];
+    for (int q = 0; q < W; ++q) vb[q] = va[q];
   } else {
-    Transpose8(vb);
+    S::Transpose(vb);
   }
   if constexpr (Reverse) {
-    for (int j = 7; j >= 0; --j) vb[j] = acc = _mm256_fmadd_ps(va[j], acc, vb[j]);
+    for (int j = W - 1; j >= 0; --j) vb[j] = acc = S::Fma(va[j], acc, vb[j]);
   } else {
-    for (int j = 0; j < 8; ++j) vb[j] = acc = _mm256_fmadd_ps(va[j], acc, vb[j]);
+    for (int j = 0; j < W; ++j) vb[j] = acc = S::Fma(va[j], acc, vb[j]);
   }
-  Transpose8(vb);
-  for (int q = 0; q < 8; ++q) {
+  S::Transpose(vb);
+  for (int q = 0; q < W; ++q) {
     const int64_t e = (row0 + q) * n + base;
-    __m256 v = vb[q];
-    if constexpr (PostScale) v = _mm256_mul_ps(v, _mm256_add_ps(one, _mm256_loadu_ps(op.z + e + 1)));
-    _mm256_storeu_ps(op.out + e, v);
+    typename S::V v = vb[q];
+    if constexpr (PostScale) v = S::Mul(v, S::Add(one, S::Load(op.z + e + 1)));
+    if constexpr (Stream) {
+      S::Stream(op.out + e, v);
+    } else {
+      S::Store(op.out + e, v);
+    }
   }
 }
 
-template <bool Reverse, bool AShift, bool BScale, bool PostScale>
-EQGP_AVX2 void Rows8Avx2(const Op<float, AShift, BScale, PostScale>& op, int64_t row0) {
-  const int64_t lo = op.SafeLo(), hi = op.SafeHi();
-  const int64_t blocks = hi > lo ? (hi - lo) / 8 : 0;
-  // The blocks sit at the end of the safe range where the scan starts, so the
-  // scalar edges are one span before them and one after.
-  const int64_t b0 = Reverse ? hi - 8 * blocks : lo, b1 = b0 + 8 * blocks;
-  alignas(32) float acc[8] = {};
-  const int64_t first0 = Reverse ? b1 : 0, first1 = Reverse ? op.n : b0;
-  ScalarSpan<float, 8, Reverse, true>(op, row0, acc, first0, first1);
-  __m256 vacc = _mm256_load_ps(acc);
+template <typename T, bool Reverse, bool SameAB, bool Stream, bool AShift, bool BScale, bool PostScale>
+EQGP_AVX2 inline void SimdBlocks(const Op<T, AShift, BScale, PostScale>& op, int64_t row0, int64_t b0,
+                                 int64_t blocks, typename Avx2<T>::V& acc) {
+  constexpr int W = Avx2<T>::W;
+  for (int64_t k = 0; k < blocks; ++k) {
+    const int64_t base = Reverse ? b0 + W * (blocks - 1 - k) : b0 + W * k;
+    SimdBlock<T, Reverse, SameAB, Stream>(op, row0, base, acc);
+  }
+}
+
+template <typename T, bool Reverse, bool AShift, bool BScale, bool PostScale>
+EQGP_AVX2 void SimdRows(const Op<T, AShift, BScale, PostScale>& op, int64_t row0) {
+  using S = Avx2<T>;
+  constexpr int W = S::W;
+  const int64_t n = op.n;
+  // Blocks cover the W-aligned positions of the safe range; the scalar path takes
+  // the edges, one span before the blocks in scan order and one after.
+  const int64_t b0 = std::min(n, (op.SafeLo() + W - 1) / W * W), b1 = std::max(b0, op.SafeHi() / W * W);
+  const int64_t blocks = (b1 - b0) / W;
+  alignas(32) T acc[W] = {};
+  const int64_t first0 = Reverse ? b1 : 0, first1 = Reverse ? n : b0;
+  ScalarSpan<T, W, Reverse, true>(op, row0, acc, first0, first1);
+  typename S::V vacc = S::LoadState(acc);
+  bool stream = op.stream;
+  for (int q = 0; q < W && stream; ++q) stream = reinterpret_cast<uintptr_t>(op.out + (row0 + q) * n + b0) % 32 == 0;
   bool same_ab = false;
   if constexpr (!AShift && !BScale) same_ab = op.a == op.b;
-  for (int64_t k = 0; k < blocks; ++k) {
-    const int64_t base = Reverse ? b1 - 8 * (k + 1) : b0 + 8 * k;
+  if (same_ab) {
     if constexpr (!AShift && !BScale) {
-      if (same_ab) {
-        Block8x8<Reverse, true>(op, row0, base, vacc);
-        continue;
+      if (stream) {
+        SimdBlocks<T, Reverse, true, true>(op, row0, b0, blocks, vacc);
+      } else {
+        SimdBlocks<T, Reverse, true, false>(op, row0, b0, blocks, vacc);
       }
     }
-    Block8x8<Reverse, false>(op, row0, base, vacc);
+  } else if (stream) {
+    SimdBlocks<T, Reverse, false, true>(op, row0, b0, blocks, vacc);
+  } else {
+    SimdBlocks<T, Reverse, false, false>(op, row0, b0, blocks, vacc);
   }
-  _mm256_store_ps(acc, vacc);
-  const int64_t last0 = Reverse ? 0 : b1, last1 = Reverse ? b0 : op.n;
-  ScalarSpan<float, 8, Reverse, true>(op, row0, acc, last0, last1);
+  if (stream) _mm_sfence();  // non-temporal stores are weakly ordered: publish them
+  S::StoreState(acc, vacc);
+  const int64_t last0 = Reverse ? 0 : b1, last1 = Reverse ? b0 : n;
+  ScalarSpan<T, W, Reverse, true>(op, row0, acc, last0, last1);
 }
 
 template <typename T, bool Reverse, class O>
 EQGP_AVX2 void RecurRowsFma(const O& op, int64_t r0, int64_t r1) {
+  constexpr int W = Avx2<T>::W;
   int64_t r = r0;
-  if constexpr (std::is_same_v<T, float>) {
-    for (; r + 8 <= r1; r += 8) Rows8Avx2<Reverse>(op, r);
-  }
+  for (; r + W <= r1; r += W) SimdRows<T, Reverse>(op, r);
   RecurRowsImpl<T, Reverse, true>(op, r, r1);
 }
 
@@ -272,6 +340,11 @@ void ParallelForRows(ffi::ThreadPool& pool, int64_t rows, int64_t n, F f) {
   st->cv.wait(lock, [&] { return st->done.load() == nchunks; });
 }
 
+// Outputs from this size up are written with non-temporal stores: they would not
+// stay in cache for the consumer anyway (L2 is 1-2 MiB a core, L3 tens of MiB).
+constexpr size_t kStreamBytes = size_t{16} << 20;
+inline bool StreamOutput(size_t bytes) { return bytes >= kStreamBytes; }
+
 template <typename T, bool Reverse, class O>
 void RunOp(ffi::ThreadPool& pool, const O& op, int64_t rows) {
   ParallelForRows(pool, rows, op.n, [op](int64_t r0, int64_t r1) { RecurRows<T, Reverse>(op, r0, r1); });
@@ -284,7 +357,8 @@ ffi::Error LinearRecurrenceCpu(ffi::ThreadPool pool, bool reverse, ffi::AnyBuffe
   if (rn->rows == 0 || rn->n == 0) return ffi::Error::Success();
   auto run = [&](auto zero) {
     using T = decltype(zero);
-    PlainOp<T> op{a.typed_data<T>(), b.typed_data<T>(), nullptr, z->typed_data<T>(), rn->n};
+    PlainOp<T> op{a.typed_data<T>(), b.typed_data<T>(), nullptr, z->typed_data<T>(), rn->n,
+                  StreamOutput(z->size_bytes())};
     if (reverse) {
       RunOp<T, true>(pool, op, rn->rows);
     } else {
@@ -295,24 +369,74 @@ ffi::Error LinearRecurrenceCpu(ffi::ThreadPool pool, bool reverse, ffi::AnyBuffe
   return ffi::Error::Success();
 }
 
+// A per-thread buffer reused across calls: a fresh one would be page-faulted on
+// every call. Requests above kScratchKeep elements get a buffer of their own, so
+// one huge call does not pin its memory to a pool thread for good.
+constexpr size_t kScratchKeep = size_t{1} << 21;
+
+template <typename T>
+class Scratch {
+ public:
+  explicit Scratch(size_t count) {
+    if (count > kScratchKeep) {
+      own_.reset(new T[count]);
+      data_ = own_.get();
+      return;
+    }
+    thread_local std::vector<T> kept;
+    if (kept.size() < count) kept.resize(count);
+    data_ = kept.data();
+  }
+  T* data() const { return data_; }
+
+ private:
+  std::unique_ptr<T[]> own_;
+  T* data_ = nullptr;
+};
+
+// Rows sumcumprod's Jacobian products work through at a time: z = sumcumprod(x) of
+// these rows goes to a scratch buffer that stays in cache while the product reads
+// it, so z is recomputed (cheap) instead of stored and read back (a memory pass each).
+constexpr int64_t kJacobianRows = 8;
+
+template <typename T, bool Transpose>
+void SumcumprodJacobianRows(const T* x, const T* t, T* out, int64_t n, bool stream, int64_t r0, int64_t r1) {
+  Scratch<T> z(static_cast<size_t>(std::min(kJacobianRows, r1 - r0) * n));
+  for (int64_t r = r0; r < r1; r += kJacobianRows) {
+    const int64_t rows = std::min(kJacobianRows, r1 - r);
+    const T* xr = x + r * n;
+    const T* tr = t + r * n;
+    T* outr = out + r * n;
+    RecurRows<T, true>(PlainOp<T>{xr, xr, nullptr, z.data(), n}, 0, rows);
+    if constexpr (Transpose) {
+      RecurRows<T, false>(SumcumprodVjpOp<T>{xr, tr, z.data(), outr, n, stream}, 0, rows);
+    } else {
+      RecurRows<T, true>(SumcumprodJvpOp<T>{xr, tr, z.data(), outr, n, stream}, 0, rows);
+    }
+  }
+}
+
 // transpose = false: out = J t; transpose = true: out = J^T t, J the Jacobian of
-// sumcumprod at x and z = sumcumprod(x).
-ffi::Error SumcumprodJvpCpu(ffi::ThreadPool pool, bool transpose, ffi::AnyBuffer x,
-                            ffi::AnyBuffer z, ffi::AnyBuffer t, ffi::Result<ffi::AnyBuffer> out) {
-  auto rn = eqgp::CheckJvpOperands("eqgp_sumcumprod_jvp[cpu]", x, z, t, *out);
+// sumcumprod at x.
+ffi::Error SumcumprodJvpCpu(ffi::ThreadPool pool, bool transpose, ffi::AnyBuffer x, ffi::AnyBuffer t,
+                            ffi::Result<ffi::AnyBuffer> out) {
+  auto rn = eqgp::CheckJacobianOperands("eqgp_sumcumprod_jvp[cpu]", x, t, *out);
   if (rn.has_error()) return rn.error();
   if (rn->rows == 0 || rn->n == 0) return ffi::Error::Success();
   auto run = [&](auto zero) {
     using T = decltype(zero);
     const T* xp = x.typed_data<T>();
-    const T* zp = z.typed_data<T>();
     const T* tp = t.typed_data<T>();
     T* op = out->typed_data<T>();
-    if (transpose) {
-      RunOp<T, false>(pool, SumcumprodVjpOp<T>{xp, tp, zp, op, rn->n}, rn->rows);
-    } else {
-      RunOp<T, true>(pool, SumcumprodJvpOp<T>{xp, tp, zp, op, rn->n}, rn->rows);
-    }
+    const int64_t n = rn->n;
+    const bool stream = StreamOutput(out->size_bytes());
+    ParallelForRows(pool, rn->rows, n, [=](int64_t r0, int64_t r1) {
+      if (transpose) {
+        SumcumprodJacobianRows<T, true>(xp, tp, op, n, stream, r0, r1);
+      } else {
+        SumcumprodJacobianRows<T, false>(xp, tp, op, n, stream, r0, r1);
+      }
+    });
   };
   eqgp::ForFloatType(x.element_type(), run);
   return ffi::Error::Success();
@@ -399,7 +523,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EqgpSumcumprodJvpCpu, SumcumprodJvpCpu,
                                   .Ctx<ffi::ThreadPool>()
                                   .Attr<bool>("transpose")
                                   .Arg<ffi::AnyBuffer>()   // x
-                                  .Arg<ffi::AnyBuffer>()   // z = sumcumprod(x)
                                   .Arg<ffi::AnyBuffer>()   // t
                                   .Ret<ffi::AnyBuffer>()); // J t or J^T t
 

@@ -198,18 +198,27 @@ ffi::Error LinearRecurrenceCuda(cudaStream_t stream, bool reverse, ffi::AnyBuffe
 }
 
 // transpose = false: out = J t; true: out = J^T t (J the Jacobian of sumcumprod at x).
-ffi::Error SumcumprodJvpCuda(cudaStream_t stream, bool transpose, ffi::AnyBuffer x, ffi::AnyBuffer z,
+// z = sumcumprod(x) goes to a scratch buffer from XLA's allocator first, then the
+// product reads it (the CPU handler recomputes z in cache instead).
+ffi::Error SumcumprodJvpCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, bool transpose, ffi::AnyBuffer x,
                              ffi::AnyBuffer t, ffi::Result<ffi::AnyBuffer> out) {
   const char* name = "eqgp_sumcumprod_jvp[cuda]";
-  auto rn = eqgp::CheckJvpOperands(name, x, z, t, *out);
+  auto rn = eqgp::CheckJacobianOperands(name, x, t, *out);
   if (rn.has_error()) return rn.error();
   if (rn->rows == 0 || rn->n == 0) return ffi::Error::Success();
+  auto mem = scratch.Allocate(x.size_bytes(), 256);
+  if (!mem.has_value()) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      std::string(name) + ": could not allocate " + std::to_string(x.size_bytes()) +
+                          " bytes of scratch for sumcumprod(x)");
+  }
   auto run = [&](auto zero) {
     using T = decltype(zero);
     const T* xp = x.typed_data<T>();
-    const T* zp = z.typed_data<T>();
     const T* tp = t.typed_data<T>();
+    T* zp = static_cast<T*>(*mem);
     T* op = out->typed_data<T>();
+    Launch<T, true>(stream, PlainOp<T>{xp, xp, nullptr, zp}, rn->rows, rn->n);
     if (transpose) {
       Launch<T, false>(stream, SumcumprodVjpOp<T>{xp, tp, zp, op}, rn->rows, rn->n);
     } else {
@@ -234,9 +243,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EqgpLinearRecurrenceCuda, LinearRecurrenceCuda,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EqgpSumcumprodJvpCuda, SumcumprodJvpCuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::ScratchAllocator>()
                                   .Attr<bool>("transpose")
-                                  .Arg<ffi::AnyBuffer>()   // x
-                                  .Arg<ffi::AnyBuffer>()   // z = sumcumprod(x)
-                                  .Arg<ffi::AnyBuffer>()   // t
-                                  .Ret<ffi::AnyBuffer>(),  // J t or J^T t
-                              {ffi::Traits::kCmdBufferCompatible});
+                                  .Arg<ffi::AnyBuffer>()    // x
+                                  .Arg<ffi::AnyBuffer>()    // t
+                                  .Ret<ffi::AnyBuffer>());  // J t or J^T t

@@ -46,9 +46,10 @@ struct RowsN {
   int64_t n = 0;     // length of the last axis
 };
 
-// a, b and z must be float32/float64 buffers of one dtype and one shape, rank >= 1.
-inline ffi::ErrorOr<RowsN> CheckOperands(const char* op, const ffi::AnyBuffer& a,
-                                         const ffi::AnyBuffer& b, const ffi::AnyBuffer& z) {
+// Three float32/float64 buffers of one dtype and one shape, rank >= 1, named in
+// errors as `names` (the recurrence's a, b, z by default).
+inline ffi::ErrorOr<RowsN> CheckOperands(const char* op, const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
+                                         const ffi::AnyBuffer& z, const char* const (&names)[3] = {"a", "b", "z"}) {
   auto dims = a.dimensions();
   if (dims.size() == 0) {
     return ffi::Unexpected(ffi::Error::InvalidArgument(
@@ -60,12 +61,11 @@ inline ffi::ErrorOr<RowsN> CheckOperands(const char* op, const ffi::AnyBuffer& a
         std::string(op) + ": unsupported dtype " + DTypeName(t) + " (expected float32 or float64)"));
   }
   const ffi::AnyBuffer* others[2] = {&b, &z};
-  const char* names[2] = {"b", "z"};
   for (int k = 0; k < 2; ++k) {
     if (others[k]->element_type() != t || !(others[k]->dimensions() == dims)) {
       return ffi::Unexpected(ffi::Error::InvalidArgument(
-          std::string(op) + ": '" + names[k] + "' is " + DTypeName(others[k]->element_type()) +
-          ShapeStr(others[k]->dimensions()) + " but 'a' is " + DTypeName(t) + ShapeStr(dims) +
+          std::string(op) + ": '" + names[k + 1] + "' is " + DTypeName(others[k]->element_type()) +
+          ShapeStr(others[k]->dimensions()) + " but '" + names[0] + "' is " + DTypeName(t) + ShapeStr(dims) +
           "; all operands must share dtype and shape"));
     }
   }
@@ -75,12 +75,10 @@ inline ffi::ErrorOr<RowsN> CheckOperands(const char* op, const ffi::AnyBuffer& a
   return r;
 }
 
-// The operands of the sumcumprod Jacobian products: x, z = sumcumprod(x), t and out.
-inline ffi::ErrorOr<RowsN> CheckJvpOperands(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& z,
-                                            const ffi::AnyBuffer& t, const ffi::AnyBuffer& out) {
-  auto rn = CheckOperands(op, x, z, out);
-  if (rn.has_error()) return rn;
-  return CheckOperands(op, x, t, out);
+// The operands of sumcumprod's Jacobian products: x, the tangent t and the output.
+inline ffi::ErrorOr<RowsN> CheckJacobianOperands(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& t,
+                                                 const ffi::AnyBuffer& out) {
+  return CheckOperands(op, x, t, out, {"x", "t", "out"});
 }
 
 // Calls f(T{}) with T the C type of a checked float32/float64 dtype.

@@ -214,14 +214,17 @@ def linear_recurrence(
 # tangent t to J t = linear_recurrence(x, t * (1 + shift(z)), reverse=True), and the
 # transpose is J^T t = (1 + shift(z)) * linear_recurrence(shift(x), t, reverse=False).
 # Built from the generic rules each of these costs a recurrence plus two or three
-# elementwise passes over the array; `sumcumprod_jvp_p` does each in one native pass,
-# so `grad` of sumcumprod is two native calls and nothing else.
+# elementwise passes over the array; `sumcumprod_jvp_p(x, t)` does each as one native
+# call that recomputes z a few rows at a time in a cache-resident scratch buffer
+# instead of reading it back from memory. So the Jacobian products need only x, never
+# sumcumprod's output: each reads x and t once and writes once, and where the forward
+# output is unused (`grad` of a sum) XLA drops the forward call altogether.
 
 sumcumprod_jvp_p = Primitive("eqgp_sumcumprod_jvp")
 
 
-def _scp_jvp_reference(x, z, t, *, transpose):
-    scale = 1 + _shift(z, True)
+def _scp_jvp_reference(x, t, *, transpose):
+    scale = 1 + _shift(linear_recurrence_p.bind(x, x, reverse=True), True)
     if transpose:
         return scale * linear_recurrence_p.bind(_shift(x, False), t, reverse=False)
     return linear_recurrence_p.bind(x, t * scale, reverse=True)
@@ -230,11 +233,11 @@ def _scp_jvp_reference(x, z, t, *, transpose):
 sumcumprod_jvp_p.def_impl(_jit_impl(sumcumprod_jvp_p))
 
 
-def _scp_abstract_eval(x, z, t, *, transpose):
-    if not (x.shape == z.shape == t.shape and x.dtype == z.dtype == t.dtype):
+def _scp_abstract_eval(x, t, *, transpose):
+    if not (x.shape == t.shape and x.dtype == t.dtype):
         raise ValueError(
-            "sumcumprod_jvp_p: `x`, `z` and `t` must share shape and dtype; got "
-            f"x: {x.dtype}{list(x.shape)}, z: {z.dtype}{list(z.shape)}, t: {t.dtype}{list(t.shape)}."
+            "sumcumprod_jvp_p: `x` and `t` must share shape and dtype; got "
+            f"x: {x.dtype}{list(x.shape)}, t: {t.dtype}{list(t.shape)}."
         )
     return jax.core.ShapedArray(t.shape, t.dtype)
 
@@ -249,27 +252,26 @@ for _platform in NATIVE_PLATFORMS:
 
 
 def _scp_jvp_rule(primals, tangents, *, transpose):
-    x, z, t = primals
-    dx, dz, dt = tangents
-    out = sumcumprod_jvp_p.bind(x, z, t, transpose=transpose)
+    x, t = primals
+    dx, dt = tangents
+    out = sumcumprod_jvp_p.bind(x, t, transpose=transpose)
     tangent = None
     if type(dt) is not ad.Zero:  # linear in t: the fused op again
-        tangent = sumcumprod_jvp_p.bind(x, z, dt, transpose=transpose)
-    if type(dx) is not ad.Zero or type(dz) is not ad.Zero:  # through x and z: the generic rules
-        dx, dz = ad.instantiate_zeros(dx), ad.instantiate_zeros(dz)
-        _, rest = jax.jvp(lambda x_, z_: _scp_jvp_reference(x_, z_, t, transpose=transpose), (x, z), (dx, dz))
+        tangent = sumcumprod_jvp_p.bind(x, dt, transpose=transpose)
+    if type(dx) is not ad.Zero:  # through x: the generic rules
+        _, rest = jax.jvp(lambda x_: _scp_jvp_reference(x_, t, transpose=transpose), (x,), (dx,))
         tangent = rest if tangent is None else tangent + rest
     if tangent is None:
         return out, ad.Zero.from_primal_value(out)
     return out, tangent
 
 
-def _scp_transpose(ct, x, z, t, *, transpose):
-    if ad.is_undefined_primal(x) or ad.is_undefined_primal(z):
+def _scp_transpose(ct, x, t, *, transpose):
+    if ad.is_undefined_primal(x):
         raise NotImplementedError("the sumcumprod Jacobian product is linear in t only")
     if type(ct) is ad.Zero:
-        return None, None, ad.Zero(t.aval)
-    return None, None, sumcumprod_jvp_p.bind(x, z, ct, transpose=not transpose)
+        return None, ad.Zero(t.aval)
+    return None, sumcumprod_jvp_p.bind(x, ct, transpose=not transpose)
 
 
 ad.primitive_jvps[sumcumprod_jvp_p] = _scp_jvp_rule
@@ -285,8 +287,8 @@ def _sumcumprod(x):
 @_sumcumprod.defjvp
 def _sumcumprod_jvp(primals, tangents):
     (x,), (dx,) = primals, tangents
-    z = _sumcumprod(x)  # through the custom rule again, so every order stays fused
-    return z, sumcumprod_jvp_p.bind(x, z, dx, transpose=False)
+    # The tangent does not use the primal output, so reverse mode keeps only x.
+    return _sumcumprod(x), sumcumprod_jvp_p.bind(x, dx, transpose=False)
 
 
 def sumcumprod(x: Float[Array | np.ndarray, "*batch n"]) -> Float[Array, "*batch n"]:
@@ -295,7 +297,8 @@ def sumcumprod(x: Float[Array | np.ndarray, "*batch n"]) -> Float[Array, "*batch
     Equal to `linear_recurrence(x, x, reverse=True)`. Runs the native kernels (one custom
     call, also under `vmap`), and is closed under `jit`, `vmap` and every order of forward
     and reverse differentiation; a Jacobian-vector or vector-Jacobian product is one
-    further native call (`grad` is two calls in all, with no elementwise passes).
+    further native call that needs only `x` and no elementwise passes (`grad` of
+    `sum(sumcumprod(x))` compiles to that one call: XLA drops the unused forward).
     `sumcumprod(jnp.ones(10))` is `[10, 9, ..., 1]`.
 
     **Arguments:**

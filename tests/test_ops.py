@@ -115,7 +115,11 @@ def test_jacobians_and_hessian_match_reference():
 def test_grad_runs_native_recurrences_only():
     x = jnp.ones((4, 16))
     hlo = jax.jit(jax.grad(lambda v: jnp.sum(sumcumprod(v) ** 2))).lower(x).compile().as_text()
-    assert hlo.count("custom-call(") == 2  # forward and the fused vector-Jacobian product
+    assert hlo.count("custom-call(") == 2  # forward (z is needed for z**2) and the fused vector-Jacobian product
+    assert 'custom_call_target="eqgp_sumcumprod_jvp"' in hlo
+    # The product recomputes z itself, so where the forward output is not needed it is dropped.
+    hlo = jax.jit(jax.grad(lambda v: jnp.sum(sumcumprod(v)))).lower(x).compile().as_text()
+    assert hlo.count("custom-call(") == 1
     assert 'custom_call_target="eqgp_sumcumprod_jvp"' in hlo
 
 
@@ -134,9 +138,42 @@ def test_fused_jacobian_products_match_reference(dtype, shape, transpose):
     kx, kt = jax.random.split(jax.random.key(21))
     x = jax.random.uniform(kx, shape, dtype, 0.2, 1.05)
     t = jax.random.normal(kt, shape, dtype)
-    out = eqgp.ops.sumcumprod_jvp_p.bind(x, sumcumprod(x), t, transpose=transpose)
+    out = eqgp.ops.sumcumprod_jvp_p.bind(x, t, transpose=transpose)
     assert out.shape == shape and out.dtype == dtype
     assert_close(out, _jacobian_product_reference(x, t, transpose), **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("shape", [(37, 50), (100, 400), (3, 2**20 + 3)])
+def test_fused_jacobian_products_scratch(dtype, shape):
+    # The native products recompute sumcumprod(x) a few rows at a time into scratch:
+    # rows over several groups and a remainder, several threads (100 x 400), and a
+    # request too large for the per-thread buffer (3 x 2^20 + 3), which gets its own.
+    kx, kt = jax.random.split(jax.random.key(25))
+    x = jax.random.uniform(kx, shape, dtype, 0.2, 1.0)
+    t = jax.random.normal(kt, shape, dtype)
+    for transpose in (False, True):
+        got = eqgp.ops.sumcumprod_jvp_p.bind(x, t, transpose=transpose)
+        ref = _jacobian_product_reference(x.astype(jnp.float64), t.astype(jnp.float64), transpose)
+        rtol = tol(dtype)["rtol"]
+        assert_close(got, ref, rtol=rtol, atol=rtol * float(jnp.abs(ref).max()))
+
+
+@pytest.mark.parametrize(
+    "dtype, shape", [(jnp.float32, (16, 2**18)), (jnp.float32, (16, 2**18 + 5)), (jnp.float64, (8, 2**18 + 4))]
+)
+def test_large_outputs_streamed(dtype, shape):
+    # Outputs of 16 MiB and more are written with non-temporal stores on the SIMD path
+    # where every row of a group is aligned (rows of 2^18 floats), else plainly (2^18 + 5).
+    kx, kt = jax.random.split(jax.random.key(26))
+    x = jax.random.uniform(kx, shape, dtype, 0.2, 1.0)
+    t = jax.random.normal(kt, shape, dtype)
+    rtol = tol(dtype)["rtol"]
+    assert_close(sumcumprod(x), jax.jit(sumcumprod_reference)(x), rtol=rtol)
+    for transpose in (False, True):
+        ref = _jacobian_product_reference(x, t, transpose)
+        got = eqgp.ops.sumcumprod_jvp_p.bind(x, t, transpose=transpose)
+        assert_close(got, ref, rtol=rtol, atol=rtol * float(jnp.abs(ref).max()))
 
 
 @pytest.mark.parametrize("shape", [(8, 1), (8, 2), (8, 8), (8, 9), (16, 17), (9, 33), (3, 8, 100)])
@@ -151,11 +188,10 @@ def test_float32_row_blocks_and_edges(shape):
     for reverse in (True, False):
         ref = jax.jit(eqgp.ops.linear_recurrence_reference, static_argnames="reverse")(x64, t64, reverse=reverse)
         assert_close(linear_recurrence(x, t, reverse=reverse), ref, rtol=2e-5, atol=2e-5 * float(jnp.abs(ref).max()))
-    z = sumcumprod(x)
-    assert_close(z, jax.jit(sumcumprod_reference)(x64), rtol=2e-5)
+    assert_close(sumcumprod(x), jax.jit(sumcumprod_reference)(x64), rtol=2e-5)
     for transpose in (False, True):
         ref = _jacobian_product_reference(x64, t64, transpose)
-        got = eqgp.ops.sumcumprod_jvp_p.bind(x, z, t, transpose=transpose)
+        got = eqgp.ops.sumcumprod_jvp_p.bind(x, t, transpose=transpose)
         assert_close(got, ref, rtol=2e-5, atol=2e-5 * float(jnp.abs(ref).max()))
 
 
@@ -163,22 +199,21 @@ def test_fused_jacobian_products_are_adjoint():
     kx, kt, ks = jax.random.split(jax.random.key(22), 3)
     x = jax.random.uniform(kx, (3, 40), jnp.float64, 0.2, 1.05)
     t, s = jax.random.normal(kt, (2, 3, 40), jnp.float64)
-    z = sumcumprod(x)
-    jt = eqgp.ops.sumcumprod_jvp_p.bind(x, z, t, transpose=False)
-    jts = eqgp.ops.sumcumprod_jvp_p.bind(x, z, s, transpose=True)
+    jt = eqgp.ops.sumcumprod_jvp_p.bind(x, t, transpose=False)
+    jts = eqgp.ops.sumcumprod_jvp_p.bind(x, s, transpose=True)
     assert_close(jnp.vdot(jt, s), jnp.vdot(t, jts), rtol=1e-12)
     dense = jax.jacfwd(sumcumprod_reference)(x[0])  # (n, n)
     assert_close(jt[0], dense @ t[0], rtol=1e-12)
     assert_close(jts[0], dense.T @ s[0], rtol=1e-12)
 
 
-@pytest.mark.parametrize("in_axes", [(0, 0, 0), (1, 1, 1), (0, None, 0), (None, None, 0)])
+@pytest.mark.parametrize("in_axes", [(0, 0), (1, 1), (0, None), (None, 0)])
 def test_fused_jacobian_product_vmap(in_axes):
     kx, kt = jax.random.split(jax.random.key(23))
     x = jax.random.uniform(kx, (4, 9), jnp.float64, 0.2, 1.05)
     t = jax.random.normal(kt, (4, 9), jnp.float64)
     # An unbatched operand is one row, shared by every batch element.
-    operands = [v if ax is not None else v[0] for v, ax in zip((x, sumcumprod(x), t), in_axes)]
+    operands = [v if ax is not None else v[0] for v, ax in zip((x, t), in_axes)]
     for transpose in (False, True):
         f = functools.partial(eqgp.ops.sumcumprod_jvp_p.bind, transpose=transpose)
         got = jax.vmap(f, in_axes=in_axes)(*operands)
