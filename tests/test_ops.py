@@ -287,3 +287,16 @@ def test_float32_grad():
 def test_under_filter_jit():
     x = jnp.linspace(0.1, 0.9, 12)
     assert_close(eqx.filter_jit(sumcumprod)(x), sumcumprod_quadratic(x), rtol=1e-12)
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_jacobian_product_fallback_formula(transpose):
+    # The lowering used where no native handler exists (and the rule for derivatives
+    # through x) computes the products from x alone by the generic recurrences.
+    import eqgp._ops as ops
+
+    kx, kt = jax.random.split(jax.random.key(27))
+    x = jax.random.uniform(kx, (3, 2, 33), jnp.float64, 0.2, 1.05)
+    t = jax.random.normal(kt, (3, 2, 33), jnp.float64)
+    got = jax.jit(ops._scp_jvp_reference, static_argnames="transpose")(x, t, transpose=transpose)
+    assert_close(got, _jacobian_product_reference(x, t, transpose), rtol=1e-12)
