@@ -18,13 +18,15 @@ from ._operators import (
 )
 
 __version__ = "0.1.0"
+from ._covariance import Covariance as Covariance
 from ._fit import fit as fit
-from ._gp import (
-    ConstantMean as ConstantMean,
-    GaussianProcess as GaussianProcess,
-    Posterior as Posterior,
-    ZeroMean as ZeroMean,
-)
+from ._gp import GaussianProcess as GaussianProcess, Posterior as Posterior
 from ._jit import compiler_options as compiler_options
+from ._likelihood import log_marginal_likelihood as log_marginal_likelihood
 from ._observations import ObservationGroup as ObservationGroup, Observations as Observations
-from ._solvers import AbstractSolver as AbstractSolver, Cholesky as Cholesky
+from ._prior import ConstantMean as ConstantMean, ZeroMean as ZeroMean
+from ._solvers import (
+    AbstractSolver as AbstractSolver,
+    Cholesky as Cholesky,
+    ConjugateGradient as ConjugateGradient,
+)

@@ -197,23 +197,3 @@ def _symmetric_pullback(kernel, groups, W) -> Array:
             blocks = eqx.filter_vmap(_block(kernel, op1, op2))(X1[i], X2[j])
             total = total + jnp.sum(jnp.asarray(w, W.dtype)[:, None, None] * blocks * Wp)
     return total
-
-
-@eqx.filter_custom_vjp
-def _symmetric_gram(diff):
-    """`operator_gram(kernel, groups, groups)` (blocked layout) with a backward pass that
-    uses the symmetry of the matrix: about half the work of the generic pullback, and no
-    transposes. Differentiable in reverse mode only (the likelihood's own rule is too)."""
-    kernel, groups = diff
-    return operator_gram(kernel, list(groups), list(groups))
-
-
-@_symmetric_gram.def_fwd
-def _symmetric_gram_fwd(perturbed, diff):
-    return _symmetric_gram.fn(diff), None
-
-
-@_symmetric_gram.def_bwd
-def _symmetric_gram_bwd(residuals, ct, perturbed, diff):
-    W = 0.5 * (ct + ct.T)  # <ct, dK> = <sym(ct), dK>: dK is symmetric
-    return eqx.filter_grad(lambda d: _symmetric_pullback(d[0], d[1], W))(diff)

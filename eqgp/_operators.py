@@ -20,6 +20,25 @@ def _unit(dims, D: int, dtype) -> Array:
     return jnp.eye(D, dtype=dtype)[np.asarray(dims, dtype=int)]
 
 
+def _scalar(f: Callable, x: Array) -> bool:
+    # A scalar function has one output and many inputs: its derivatives come cheapest in
+    # reverse mode (one pass for the whole gradient); a vector-valued one (the inner block
+    # of a gram) is differentiated forward along the requested directions, which makes a
+    # gradient-by-gradient block forward-over-reverse.
+    return jax.eval_shape(f, x).shape == ()
+
+
+def _derivatives(f: Callable, x: Array, V: Array) -> Array:
+    """`V @ grad f(x)` (reverse mode) for a scalar `f`, else forward mode along the rows of `V`."""
+    if _scalar(f, x):
+        return V @ jax.grad(f)(x)
+    return _directional(f, x, V)
+
+
+def _jvp(f: Callable, x: Array, v: Array) -> Array:
+    return jax.jvp(f, (x,), (v.astype(x.dtype),))[1]
+
+
 class AbstractOperator(eqx.Module):
     """A linear functional of the latent function at a point (an observation type).
 
@@ -35,6 +54,12 @@ class AbstractOperator(eqx.Module):
     def apply(self, f: Callable, x: Float[Array, " D"]) -> Array:
         """The operator's outputs for the function `f` at the point `x`, shape `(P, *Q)`."""
 
+    @abc.abstractmethod
+    def contract(self, f: Callable, x: Float[Array, " D"], v: Float[Array, " P"]) -> Array:
+        """`sum_p v[p] * apply(f, x)[p]`, computed as one product where the operator allows
+        (a single forward-mode derivative along the combined direction): what the
+        matrix-free covariance product needs per pair of points."""
+
 
 class Value(AbstractOperator):
     """The function value `f(x)` (one output)."""
@@ -45,6 +70,9 @@ class Value(AbstractOperator):
     def apply(self, f, x):
         return f(x)[None]
 
+    def contract(self, f, x, v):
+        return v[0] * f(x)
+
 
 class Gradient(AbstractOperator):
     """The gradient `df/dx` (D outputs, in dimension order)."""
@@ -53,7 +81,12 @@ class Gradient(AbstractOperator):
         return dim
 
     def apply(self, f, x):
+        if _scalar(f, x):
+            return jax.grad(f)(x)
         return _directional(f, x, jnp.eye(x.shape[0], dtype=x.dtype))
+
+    def contract(self, f, x, v):
+        return _jvp(f, x, v)
 
 
 class ValueAndGradient(AbstractOperator):
@@ -64,9 +97,16 @@ class ValueAndGradient(AbstractOperator):
         return dim + 1
 
     def apply(self, f, x):
+        if _scalar(f, x):
+            y, dy = jax.value_and_grad(f)(x)
+            return jnp.concatenate([y[None], dy])
         E = jnp.eye(x.shape[0], dtype=x.dtype)
         y, dy = jax.vmap(lambda v: jax.jvp(f, (x,), (v,)), out_axes=(None, 0))(E)
         return jnp.concatenate([y[None], dy])
+
+    def contract(self, f, x, v):
+        y, dy = jax.jvp(f, (x,), (v[1:].astype(x.dtype),))
+        return v[0] * y + dy
 
 
 class Partial(AbstractOperator):
@@ -93,7 +133,15 @@ class Partial(AbstractOperator):
 
     def apply(self, f, x):
         self.size(x.shape[0])
-        return _directional(f, x, _unit(self.dims, x.shape[0], x.dtype))
+        V = _unit(self.dims, x.shape[0], x.dtype)
+        if len(self.dims) == 1:  # one jvp beats a full reverse pass
+            return _directional(f, x, V)
+        return _derivatives(f, x, V)
+
+    def contract(self, f, x, v):
+        self.size(x.shape[0])
+        direction = jnp.zeros(x.shape, x.dtype).at[np.asarray(self.dims)].set(v.astype(x.dtype))
+        return _jvp(f, x, direction)
 
 
 class Directional(AbstractOperator):
@@ -124,7 +172,14 @@ class Directional(AbstractOperator):
 
     def apply(self, f, x):
         self.size(x.shape[0])
-        return _directional(f, x, self.directions.astype(x.dtype))
+        V = self.directions.astype(x.dtype)
+        if V.shape[0] == 1:
+            return _directional(f, x, V)
+        return _derivatives(f, x, V)
+
+    def contract(self, f, x, v):
+        self.size(x.shape[0])
+        return _jvp(f, x, v.astype(x.dtype) @ self.directions.astype(x.dtype))
 
 
 class Hessian(AbstractOperator):
@@ -145,6 +200,8 @@ class Hessian(AbstractOperator):
 
     def apply(self, f, x):
         I, J = self.pairs(x.shape[0])
+        if _scalar(f, x):  # forward over reverse: D Hessian-vector products
+            return jax.jacfwd(jax.grad(f))(x)[I, J]
         Vi = _unit(I, x.shape[0], x.dtype)
         Vj = _unit(J, x.shape[0], x.dtype)
 
@@ -152,3 +209,7 @@ class Hessian(AbstractOperator):
             return jax.jvp(lambda y: jax.jvp(f, (y,), (vj,))[1], (x,), (vi,))[1]
 
         return jax.vmap(second)(Vi, Vj)
+
+    def contract(self, f, x, v):
+        # A weighted sum of second derivatives has no single-product form in general.
+        return jnp.tensordot(v.astype(x.dtype), self.apply(f, x), 1)

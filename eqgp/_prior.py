@@ -1,0 +1,80 @@
+"""Mean functions, and the assembly of the prior of some observations: the covariance
+operator (kernel + noise) and the residual `y - m`."""
+
+from collections.abc import Callable
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Float
+
+from ._covariance import Covariance
+from ._observations import ObservationGroup, Observations
+
+
+class ZeroMean(eqx.Module):
+    """The zero mean function."""
+
+    def __call__(self, x: Float[Array | np.ndarray, " D"]) -> Float[Array, ""]:
+        return jnp.zeros((), x.dtype)
+
+
+class ConstantMean(eqx.Module):
+    """A constant (trainable) mean `c`; its derivatives are zero."""
+
+    constant: Float[Array | np.ndarray, ""]
+
+    def __init__(self, constant: ArrayLike = 0.0):
+        """**Arguments:** `constant`, a number."""
+        self.constant = jnp.asarray(constant, dtype=float)
+
+    def __call__(self, x: Float[Array | np.ndarray, " D"]) -> Float[Array, ""]:
+        return self.constant.astype(x.dtype)
+
+
+def group_mean(mean: Callable, operator, X: Array) -> Array:
+    """The operator applied to the mean function at each point, component-major `(P N,)`:
+    derivative observations get the mean's derivatives automatically."""
+    out = eqx.filter_vmap(lambda x: operator.apply(mean, x), out_axes=1)(X)
+    return out.reshape(-1)
+
+
+def group_noise(noise: Array, g: ObservationGroup) -> Array:
+    """The diagonal noise of one group, component-major `(P N,)`: the model's trainable noise
+    entry plus the group's known noise."""
+    P = g.targets.shape[1]
+    total = jnp.broadcast_to(noise.astype(g.X.dtype), (P,)) + jnp.broadcast_to(g.noise, (P,))
+    return jnp.repeat(total, g.X.shape[0])
+
+
+def noise_per_group(noise: tuple[Array, ...], obs: Observations) -> tuple[Array, ...]:
+    """One noise entry per observation group (a single entry is shared), shape-checked."""
+    G = len(obs.groups)
+    if len(noise) == 1:
+        noise = noise * G
+    elif len(noise) != G:
+        raise ValueError(
+            f"the model has {len(noise)} noise entries but the observations have {G} groups; "
+            "give one noise entry per group or a single shared one."
+        )
+    for i, (g, n) in enumerate(zip(obs.groups, noise)):
+        P = g.targets.shape[1]
+        if n.shape not in ((), (P,)):
+            raise ValueError(
+                f"noise entry {i} has shape {n.shape}, which does not fit group {i} "
+                f"({type(g.operator).__name__}, {P} outputs per point); use a scalar or shape ({P},)."
+            )
+    return noise
+
+
+def prior(kernel, mean: Callable, noise: tuple[Array, ...], obs: Observations) -> tuple[Covariance, Array]:
+    """The covariance operator of `obs` and the residual `y - m` (checked for NaN/inf under `jit`)."""
+    if not isinstance(obs, Observations):
+        raise TypeError(f"`obs` must be an eqgp.Observations; got {type(obs).__name__}.")
+    noise = noise_per_group(noise, obs)
+    diag = jnp.concatenate([group_noise(n, g) for g, n in zip(obs.groups, noise)])
+    cov = Covariance(kernel, tuple((g.operator, g.X) for g in obs.groups), diag)
+    m = jnp.concatenate([group_mean(mean, g.operator, g.X) for g in obs.groups])
+    y = obs.flat_targets()
+    y = eqx.error_if(y, ~jnp.all(jnp.isfinite(y)), "eqgp: the observation targets hold NaN or inf.")
+    return cov, y - m

@@ -1,0 +1,3 @@
+from ._abstract import AbstractSolver as AbstractSolver
+from ._cg import ConjugateGradient as ConjugateGradient
+from ._cholesky import Cholesky as Cholesky

@@ -1,0 +1,38 @@
+import abc
+
+import equinox as eqx
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from .._covariance import Covariance
+
+
+class AbstractSolver(eqx.Module):
+    """Linear algebra for the observation covariance: pure configuration.
+
+    `init(cov, key)` prepares a state once (a factorisation, or a preconditioner and probe
+    vectors); the other methods use it. Everything the likelihood and the posterior need
+    goes through these methods, so a dense and a matrix-free solver are interchangeable in
+    `GaussianProcess(..., solver=...)`.
+    """
+
+    @abc.abstractmethod
+    def init(self, cov: Covariance, key: PRNGKeyArray | None = None):
+        """Prepare the state for `cov` (`eqgp.Covariance`, `R x R`); `key` seeds any probe vectors."""
+
+    @abc.abstractmethod
+    def solve(self, state, B: Float[Array, "R ..."]) -> Float[Array, "R ..."]:
+        """`K^{-1} B`."""
+
+    @abc.abstractmethod
+    def logdet(self, state) -> Float[Array, ""]:
+        """`log det K` (exact, or a stochastic estimate)."""
+
+    @abc.abstractmethod
+    def likelihood_pieces(self, state, alpha: Float[Array, " R"]) -> tuple[Array, Array | None]:
+        """`(U, V)` with `U V^T` equal to (or an unbiased estimate of) the log marginal
+        likelihood's derivative with respect to `K`, `(alpha alpha^T - K^{-1}) / 2`, where
+        `alpha = K^{-1} r`. `V=None` means the identity: `U` is the dense cotangent."""
+
+    @abc.abstractmethod
+    def inv_quad(self, state, B: Float[Array, "R k"], diagonal: bool) -> Array:
+        """`B^T K^{-1} B` `(k, k)`, or only its diagonal `(k,)` with `diagonal=True`."""

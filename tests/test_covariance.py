@@ -1,0 +1,141 @@
+import functools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import pytest
+from helpers import assert_close
+
+import eqgp
+from eqgp import kernels
+from eqgp._prior import prior
+
+
+class UserKernel(kernels.AbstractKernel):
+    scale: jax.Array
+
+    def __call__(self, x1, x2):
+        return jnp.exp(-self.scale * jnp.sum((x1 - x2) ** 2)) * (1.0 + 0.1 * jnp.dot(x1, x2))
+
+
+def _groups(key, D=3, dtype=jnp.float64):
+    k1, k2, k3 = jax.random.split(key, 3)
+    X = jax.random.uniform(k1, (9, D), dtype, -2, 2)
+    Z = jax.random.uniform(k2, (5, D), dtype, -2, 2)
+    V = jax.random.normal(k3, (2, D), dtype)
+    return (
+        (eqgp.ValueAndGradient(), X),
+        (eqgp.Value(), Z),
+        (eqgp.Gradient(), Z[:3]),
+        (eqgp.Partial([0, 2]), Z),
+        (eqgp.Partial(1), X[:2]),
+        (eqgp.Directional(V), X[3:6]),
+        (eqgp.Hessian(), Z[:2]),
+        (eqgp.Hessian(diagonal=True), X[:1]),
+        (eqgp.Gradient(), jnp.zeros((0, D), dtype)),  # an empty group
+    )
+
+
+KERNELS = [
+    kernels.RBF([0.9, 1.2, 0.7], variance=1.3),
+    kernels.Matern52(1.1) * kernels.Periodic(1.3, period=2.5),
+    kernels.RationalQuadratic(0.8) + 0.5 * kernels.Matern52([1.0, 0.6, 1.4]),
+    UserKernel(jnp.asarray(0.4)),
+]
+
+
+def _cov(kernel, groups, tile_bytes=2**28):
+    R = sum(op.size(X.shape[1]) * X.shape[0] for op, X in groups)
+    noise = jnp.linspace(1e-3, 2e-3, R)
+    return eqgp.Covariance(kernel, groups, noise, tile_bytes=tile_bytes)
+
+
+@pytest.mark.parametrize(
+    "kernel, tile_bytes",  # one point per tile, a few tiles, one tile
+    [(KERNELS[0], 1), (KERNELS[1], 2**20), (KERNELS[2], 2**28), (KERNELS[3], 2**28)],
+)
+def test_product_equals_dense_gram_for_every_operator(kernel, tile_bytes):
+    groups = _groups(jax.random.key(0))
+    cov = _cov(kernel, groups, tile_bytes)
+    K = eqgp.operator_gram(kernel, list(groups), list(groups)) + jnp.diag(cov.noise)
+    assert_close(cov.as_matrix(), K, rtol=1e-14)
+    V = jax.random.normal(jax.random.key(1), (cov.size, 3), jnp.float64)
+    KV = K @ V
+    scale = jnp.max(jnp.abs(KV))
+    assert float(jnp.max(jnp.abs(eqx.filter_jit(cov.mv)(V) - KV)) / scale) < 1e-12
+    assert float(jnp.max(jnp.abs(cov.mv(V[:, 0]) - KV[:, 0])) / scale) < 1e-12
+    assert_close(cov.diagonal(), jnp.diagonal(K), rtol=1e-12)
+    Xs = jax.random.uniform(jax.random.key(2), (4, 3), jnp.float64, -2, 2)
+    op = eqgp.ValueAndGradient()
+    assert_close(
+        cov.cross_mv(op, Xs, V[:, 0]),
+        eqgp.operator_gram(kernel, (op, Xs), list(groups)) @ V[:, 0],
+        rtol=1e-11,
+        atol=1e-12,
+    )
+
+
+def test_kernel_column_across_groups():
+    groups = _groups(jax.random.key(0))
+    cov = _cov(KERNELS[0], groups)
+    K = eqgp.operator_gram(cov.kernel, list(groups), list(groups))
+    cols = eqx.filter_jit(lambda c, i: jax.vmap(c.kernel_column)(i))(cov, jnp.arange(cov.size))
+    assert_close(cols.T, K, rtol=1e-12, atol=1e-13)
+
+
+def test_coincident_points_matern_product():
+    X = jnp.array([[0.1, 0.2, 0.3], [0.1, 0.2, 0.3], [0.5, -0.2, 0.0]])
+    k = kernels.Matern52(0.8)
+    cov = _cov(k, ((eqgp.ValueAndGradient(), X),), tile_bytes=1)
+    V = jax.random.normal(jax.random.key(1), (cov.size,), jnp.float64)
+    out = cov.mv(V)
+    assert bool(jnp.all(jnp.isfinite(out)))
+    assert_close(out, cov.as_matrix() @ V, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("kernel", KERNELS[:2] + KERNELS[3:])
+def test_pullbacks_equal_autodiff_of_the_dense_matrix(kernel):
+    groups = _groups(jax.random.key(3))[:6]
+    cov = _cov(kernel, groups, tile_bytes=4096)
+    U = jax.random.normal(jax.random.key(4), (cov.size, 2), jnp.float64)
+    V = jax.random.normal(jax.random.key(5), (cov.size, 2), jnp.float64)
+    ref = eqx.filter_grad(lambda c: jnp.sum(U * (c.as_matrix() @ V)))(cov)
+    low_rank = eqx.filter_jit(lambda c: c.pullback(U, V))(cov)
+    dense = eqx.filter_jit(lambda c: c.pullback(U @ V.T))(cov)
+    for a, b, c in zip(jax.tree.leaves(ref), jax.tree.leaves(low_rank), jax.tree.leaves(dense)):
+        assert_close(b, a, rtol=1e-10, atol=1e-11)  # kernel, points, directions, noise
+        assert_close(c, a, rtol=1e-10, atol=1e-11)
+
+
+def test_lml_gradient_wrt_points_and_kernel_equals_dense_autodiff():
+    groups = _groups(jax.random.key(6), D=2)[:3]
+    targets = [jax.random.normal(jax.random.key(i), (X.shape[0], op.size(2))) for i, (op, X) in enumerate(groups)]
+
+    def lml(model, Xs, ours):
+        obs = eqgp.Observations(*[eqgp.ObservationGroup(op, X, t) for (op, _), X, t in zip(groups, Xs, targets)])
+        if ours:
+            return model.log_marginal_likelihood(obs)
+        cov, r = prior(model.kernel, model.mean, model.noise, obs)
+        return jax.scipy.stats.multivariate_normal.logpdf(r, jnp.zeros_like(r), cov.as_matrix())
+
+    gp = eqgp.GaussianProcess(kernels.RBF([0.7, 1.3]), mean=0.3, noise=[0.1, 0.2, 0.05])
+    Xs = [X for _, X in groups]
+    g1 = eqx.filter_jit(eqx.filter_grad(functools.partial(lml, ours=True)))(gp, Xs)
+    g2 = eqx.filter_jit(eqx.filter_grad(functools.partial(lml, ours=False)))(gp, Xs)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+        assert_close(a, b, rtol=1e-8, atol=1e-10)
+    gx1 = eqx.filter_jit(jax.grad(lml, argnums=1))(gp, Xs, True)
+    gx2 = eqx.filter_jit(jax.grad(lml, argnums=1))(gp, Xs, False)
+    for a, b in zip(gx1, gx2):
+        assert_close(a, b, rtol=1e-8, atol=1e-10)
+
+
+def test_float32_product():
+    groups = _groups(jax.random.key(7), dtype=jnp.float32)[:4]
+    k = kernels.RBF(1.0)
+    R = sum(op.size(3) * X.shape[0] for op, X in groups)
+    cov = eqgp.Covariance(k, groups, jnp.full(R, 1e-2, jnp.float32), tile_bytes=1)
+    V = jax.random.normal(jax.random.key(1), (R,), jnp.float32)
+    out = cov.mv(V)
+    assert out.dtype == jnp.float32
+    assert_close(out, cov.as_matrix() @ V, rtol=1e-4, atol=1e-4)
