@@ -198,14 +198,17 @@ class Covariance(eqx.Module):
         group = jnp.searchsorted(jnp.asarray(offsets[1:]), index, side="right")
         return jax.lax.switch(group, branches, index)
 
-    def pullback(self, U: Float[Array, "R k"], V: Float[Array, "R k"] | None = None) -> "Covariance":
+    def pullback(
+        self, U: Float[Array, "R k"], V: Float[Array, "R k"] | None = None, d: Float[Array, " R"] | None = None
+    ) -> "Covariance":
         """The gradient of `sum_i U[:, i]^T K V[:, i] = <K, U V^T>` with respect to every
         inexact array in this operator (kernel hyper-parameters, points, noise): the
         likelihood's backward pass, with its cotangent given as rank-1 pieces.
 
         `V=None` means the identity (`k = R`): `U` is then the dense cotangent itself and
         the pullback visits each symmetric pair of points once (the dense path). Otherwise
-        the pullback is the reverse pass of the tiled product (matrix-free)."""
+        the pullback is the reverse pass of the tiled product (matrix-free). A diagonal
+        weight `d` adds `<K, diag(d)>` (through `diagonal`, `O(R)`)."""
         if V is None:
             W = 0.5 * (U + U.T)
 
@@ -218,4 +221,6 @@ class Covariance(eqx.Module):
             def scalar(c):
                 return jnp.sum(U * c.mv(V))
 
-        return eqx.filter_grad(scalar)(self)
+        if d is None:
+            return eqx.filter_grad(scalar)(self)
+        return eqx.filter_grad(lambda c: scalar(c) + jnp.sum(d * c.diagonal()))(self)

@@ -45,6 +45,6 @@ def _loglik_fwd(perturbed, diff, solver, key):
 def _loglik_bwd(residuals, g, perturbed, diff, solver, key):
     state, alpha = residuals
     cov, _ = diff
-    U, V = solver.likelihood_pieces(state, alpha)
-    cov_ct = cov.pullback(g * U, V)
+    U, V, d = solver.likelihood_pieces(state, alpha)
+    cov_ct = cov.pullback(g * U, V, None if d is None else g * d)
     return cov_ct, -g * alpha

@@ -56,6 +56,8 @@ def _cov(kernel, groups, tile_bytes=2**28):
 )
 def test_product_equals_dense_gram_for_every_operator(kernel, tile_bytes):
     groups = _groups(jax.random.key(0))
+    if kernel is not KERNELS[0]:  # every operator with one kernel; the others (compile time) with a mix
+        groups = (groups[0], groups[3], groups[5], groups[8])
     cov = _cov(kernel, groups, tile_bytes)
     K = eqgp.operator_gram(kernel, list(groups), list(groups)) + jnp.diag(cov.noise)
     assert_close(cov.as_matrix(), K, rtol=1e-14)
@@ -93,9 +95,10 @@ def test_coincident_points_matern_product():
     assert_close(out, cov.as_matrix() @ V, rtol=1e-12, atol=1e-13)
 
 
-@pytest.mark.parametrize("kernel", KERNELS[:2] + KERNELS[3:])
+@pytest.mark.parametrize("kernel", [KERNELS[1], KERNELS[3]])
 def test_pullbacks_equal_autodiff_of_the_dense_matrix(kernel):
-    groups = _groups(jax.random.key(3))[:6]
+    groups = _groups(jax.random.key(3))
+    groups = (groups[0], groups[4], groups[5])
     cov = _cov(kernel, groups, tile_bytes=4096)
     U = jax.random.normal(jax.random.key(4), (cov.size, 2), jnp.float64)
     V = jax.random.normal(jax.random.key(5), (cov.size, 2), jnp.float64)

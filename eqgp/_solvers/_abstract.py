@@ -28,10 +28,11 @@ class AbstractSolver(eqx.Module):
         """`log det K` (exact, or a stochastic estimate)."""
 
     @abc.abstractmethod
-    def likelihood_pieces(self, state, alpha: Float[Array, " R"]) -> tuple[Array, Array | None]:
-        """`(U, V)` with `U V^T` equal to (or an unbiased estimate of) the log marginal
-        likelihood's derivative with respect to `K`, `(alpha alpha^T - K^{-1}) / 2`, where
-        `alpha = K^{-1} r`. `V=None` means the identity: `U` is the dense cotangent."""
+    def likelihood_pieces(self, state, alpha: Float[Array, " R"]) -> tuple[Array, Array | None, Array | None]:
+        """`(U, V, d)` with `U V^T + diag(d)` equal to (or an unbiased estimate of) the log
+        marginal likelihood's derivative with respect to `K`, `(alpha alpha^T - K^{-1}) / 2`,
+        where `alpha = K^{-1} r`. `V=None` means the identity (`U` is the dense cotangent);
+        `d=None` means no diagonal term."""
 
     @abc.abstractmethod
     def inv_quad(self, state, B: Float[Array, "R k"], diagonal: bool) -> Array:

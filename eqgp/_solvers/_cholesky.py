@@ -47,7 +47,7 @@ class Cholesky(AbstractSolver):
 
     def likelihood_pieces(self, state, alpha):
         # K^{-1} by LAPACK ?potri on CPU: a third of the flops of solve(state, I).
-        return 0.5 * (jnp.outer(alpha, alpha) - cholesky_inverse(state)), None
+        return 0.5 * (jnp.outer(alpha, alpha) - cholesky_inverse(state)), None, None
 
     def inv_quad(self, state, B, diagonal):
         W = jsl.solve_triangular(state, B, lower=True)

@@ -76,5 +76,10 @@ class Woodbury(eqx.Module):
         """`P^{-1} w`."""
         return self._B(w / self._noise(w), -1.0) / self._noise(w)
 
+    def inv_pieces(self):
+        """`(d, A, B)` with `P^{-1} = diag(d) + A B^T`."""
+        B = self.U / self.sqrt_noise[:, None]
+        return 1.0 / self.sqrt_noise**2, B * (1.0 / (1.0 + self.s2) - 1.0)[None, :], B
+
     def logdet(self):
         return 2.0 * jnp.sum(jnp.log(self.sqrt_noise)) + jnp.sum(jnp.log1p(self.s2))

@@ -1,0 +1,99 @@
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import pytest
+from helpers import assert_close
+
+import eqgp
+from eqgp import kernels
+from eqgp._prior import prior
+
+
+def _f(x):
+    return jnp.sin(2 * x[0]) * jnp.cos(x[1]) + 0.3 * x[1]
+
+
+def _problem(N, D=2, dtype=jnp.float64):
+    X = jax.random.uniform(jax.random.key(0), (N, D), dtype, -2, 2)
+    return X, eqgp.Observations.values_and_gradients(X, jax.vmap(_f)(X), jax.vmap(jax.grad(_f))(X))
+
+
+def _pair(solver, dtype=jnp.float64):
+    k = kernels.RBF([1.0, 1.3], variance=1.5)
+    exact = eqgp.GaussianProcess(k, mean=0.1, noise=1e-2)
+    return exact, eqgp.GaussianProcess(k, mean=0.1, noise=1e-2, solver=solver)
+
+
+def test_cg_likelihood_and_gradient_match_cholesky():
+    # 3 000 rows (N (D + 1)); tight tolerance, enough probes and preconditioner rank.
+    _, obs = _problem(1000)
+    exact, cg = _pair(eqgp.ConjugateGradient(rtol=1e-8, num_probes=16, preconditioner_rank=100))
+    f = eqx.filter_jit(eqx.filter_value_and_grad(lambda m: m.log_marginal_likelihood(obs)))
+    v1, g1 = f(exact)
+    v2, g2 = f(cg)
+    assert abs(float(v2 - v1)) < 1e-3 * abs(float(v1))
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+        assert_close(b, a, rtol=0.05)
+
+
+def test_cg_posterior_matches_cholesky():
+    X, obs = _problem(200)
+    exact, cg = _pair(eqgp.ConjugateGradient(rtol=1e-10, preconditioner_rank=50))
+    Xs = X[:7] + 0.05
+    p1, p2 = exact.condition(obs), cg.condition(obs)
+    for op in (eqgp.Value(), eqgp.Gradient()):
+        m1 = p1.mean(Xs, op)
+        assert float(jnp.max(jnp.abs(p2.mean(Xs, op) - m1)) / jnp.max(jnp.abs(m1))) < 1e-6
+        assert_close(p2.variance(Xs, op), p1.variance(Xs, op), rtol=1e-5, atol=1e-9)
+    assert_close(p2.covariance(Xs), p1.covariance(Xs), rtol=1e-5, atol=1e-9)
+
+
+def test_cg_non_convergence_raises_or_warns(capfd):
+    _, obs = _problem(60)
+    _, gp = _pair(eqgp.ConjugateGradient(max_steps=2, preconditioner_rank=0))
+    with pytest.raises(Exception, match="did not converge"):
+        jax.block_until_ready(gp.condition(obs).alpha)
+    assert "relative residual of" in capfd.readouterr().out
+    _, gp = _pair(eqgp.ConjugateGradient(max_steps=2, preconditioner_rank=0, on_failure="warn"))
+    with pytest.warns(RuntimeWarning, match="relative residual of"):
+        jax.block_until_ready(gp.condition(obs).alpha)
+        jax.effects_barrier()
+
+
+def test_cg_float32():
+    X, obs = _problem(60, dtype=jnp.float32)
+    k = kernels.RBF(1.0)
+    gp = eqgp.GaussianProcess(k, noise=1e-2, solver=eqgp.ConjugateGradient(rtol=1e-4, preconditioner_rank=30))
+    gp = jax.tree.map(lambda a: a.astype(jnp.float32) if eqx.is_inexact_array(a) else a, gp)
+    exact = eqx.tree_at(lambda m: m.solver, gp, eqgp.Cholesky())
+    v = gp.log_marginal_likelihood(obs)
+    assert v.dtype == jnp.float32
+    assert abs(float(v - exact.log_marginal_likelihood(obs))) < 0.05 * abs(float(v))
+    m = gp.condition(obs).mean(X[:5])
+    assert_close(m, exact.condition(obs).mean(X[:5]), rtol=1e-2, atol=1e-3)
+
+
+def test_cg_key_changes_probes_only_in_the_estimate():
+    _, obs = _problem(100)
+    _, gp = _pair(eqgp.ConjugateGradient(num_probes=4, preconditioner_rank=10))
+    a = gp.log_marginal_likelihood(obs)
+    b = gp.log_marginal_likelihood(obs, key=jax.random.key(1))
+    assert float(a) == float(gp.log_marginal_likelihood(obs))  # key=None: a fixed key
+    assert float(a) != float(b)
+
+
+def test_cholesky_jitter_and_not_positive_definite():
+    X = jnp.zeros((3, 1))
+    obs = eqgp.Observations.values(X, jnp.zeros(3))
+    cov, _ = prior(kernels.RBF(1.0), eqgp.ZeroMean(), (jnp.asarray(0.0),), obs)
+    with pytest.raises(Exception, match="Raise the jitter"):
+        jax.block_until_ready(eqx.filter_jit(eqgp.Cholesky().init)(cov))
+    L = eqgp.Cholesky(jitter=1e-6).init(cov)
+    assert_close(L @ L.T, cov.as_matrix() + 1e-6 * jnp.eye(3), rtol=1e-12, atol=1e-14)
+
+
+def test_solver_options_are_checked():
+    with pytest.raises(ValueError, match="max_steps"):
+        eqgp.ConjugateGradient(max_steps=0)
+    with pytest.raises(ValueError, match="on_failure"):
+        eqgp.ConjugateGradient(on_failure="ignore")
