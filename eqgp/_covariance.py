@@ -109,7 +109,11 @@ def _product(kernel, rows: Groups, cols: Groups, V: Array, tile_bytes: int) -> A
         else:
             mesh = jax.sharding.Mesh(np.asarray(devices), ("tiles",))
             out = jax.shard_map(
-                tiles, mesh=mesh, in_specs=(PartitionSpec("tiles"), PartitionSpec()), out_specs=PartitionSpec("tiles")
+                tiles,
+                mesh=mesh,
+                in_specs=(PartitionSpec("tiles"), PartitionSpec()),
+                out_specs=PartitionSpec("tiles"),
+                check_vma=False,
             )(Xp, vs)
         out = out.reshape(ntiles * T, P, k)[:N]
         outs.append(out.transpose(1, 0, 2).reshape(P * N, k))

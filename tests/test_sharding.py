@@ -1,0 +1,52 @@
+"""The matrix-free product sharded over 4 simulated CPU devices equals the single-device
+result. XLA's device count is fixed when jax starts, so this runs in a subprocess."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent(
+    """
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    import jax, jax.numpy as jnp, numpy as np, equinox as eqx
+    jax.config.update("jax_enable_x64", True)
+    import eqgp
+    from eqgp import kernels
+    assert len(jax.devices()) == 4, jax.devices()
+    X = jax.random.uniform(jax.random.key(0), (37, 2), jnp.float64, -2, 2)  # not a multiple of 4
+    f = lambda x: jnp.sin(x[0]) * x[1]
+    obs = eqgp.Observations(
+        (eqgp.ValueAndGradient(), X, jnp.concatenate([jax.vmap(f)(X)[:, None], jax.vmap(jax.grad(f))(X)], 1)),
+        (eqgp.Partial(1), X[:5] + 0.1, jnp.ones(5)),
+    )
+    cov = eqgp.Covariance(kernels.RBF([0.8, 1.2]), tuple((g.operator, g.X) for g in obs.groups),
+                          jnp.full(obs.size, 1e-2), tile_bytes=2**14)
+    V = jax.random.normal(jax.random.key(1), (obs.size, 3), jnp.float64)
+    out = eqx.filter_jit(lambda c, V: c.mv(V))(cov, V)
+    ref = cov.as_matrix() @ V
+    assert float(jnp.max(jnp.abs(out - ref)) / jnp.max(jnp.abs(ref))) < 1e-12
+    solver = eqgp.ConjugateGradient(rtol=1e-10, preconditioner_rank=20, num_probes=4)
+    gp = eqgp.GaussianProcess(kernels.RBF([0.8, 1.2]), noise=1e-2, solver=solver)
+    v, g = eqx.filter_jit(eqx.filter_value_and_grad(lambda m: m.log_marginal_likelihood(obs)))(gp)
+    print("RESULT", repr(float(v)), [repr(float(a)) for a in jax.tree.leaves(g)])
+    """
+)
+
+
+def _run(devices: int) -> list[str]:
+    script = SCRIPT if devices == 4 else SCRIPT.replace("=4", "=1").replace("== 4", "== 1")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return [line for line in out.stdout.splitlines() if line.startswith("RESULT")]
+
+
+def test_sharded_equals_unsharded():
+    sharded, single = _run(4), _run(1)
+    a = [float(x.strip("[]',")) for x in sharded[0].split()[1:]]
+    b = [float(x.strip("[]',")) for x in single[0].split()[1:]]
+    assert len(a) == len(b) > 1
+    for x, y in zip(a, b):
+        assert abs(x - y) <= 1e-8 * max(1.0, abs(y)), (a, b)
