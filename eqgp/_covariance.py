@@ -11,7 +11,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 from jaxtyping import Array, Float
 
 from ._gram import _symmetric_pullback, operator_diag, operator_gram
@@ -60,18 +60,18 @@ def _row_function(kernel, op1: AbstractOperator, cols: Groups):
     return row
 
 
-def _devices():
+def _devices(shard: bool):
     devices = jax.devices()
-    return devices if len(devices) > 1 else None
+    return devices if shard and len(devices) > 1 else None
 
 
-def _product(kernel, rows: Groups, cols: Groups, V: Array, tile_bytes: int) -> Array:
+def _product(kernel, rows: Groups, cols: Groups, V: Array, tile_bytes: int, shard: bool = False) -> Array:
     """`operator_gram(kernel, rows, cols) @ V` for `V` `(R_cols, k)`, tile by tile.
 
     Row points go through `lax.map` in tiles sized from `tile_bytes`; each tile's forward pass
     is rematerialised in the backward pass (`jax.checkpoint`), so reverse mode keeps one tile's
     intermediates at a time too. With several devices the tiles are split across them with
-    `shard_map` (columns and `V` replicated, rows sharded)."""
+    `jax.sharding` (`shard=True`: the tiles' leading axis sharded over `jax.devices()`)."""
     k = V.shape[1]
     vs = _split(V, cols)
     nonempty = [i for i, (op, X) in enumerate(cols) if X.shape[0] and op.size(X.shape[1])]
@@ -79,7 +79,7 @@ def _product(kernel, rows: Groups, cols: Groups, V: Array, tile_bytes: int) -> A
     M = sum(X.shape[0] for _, X in cols)
     D = rows[0][1].shape[1]
     per_row = max(1, M * (D + 1) * k * _BYTES_PER_ENTRY)
-    devices = _devices()
+    devices = _devices(shard)
     ndev = 1 if devices is None else len(devices)
     outs = []
     for op1, X1 in rows:
@@ -94,27 +94,30 @@ def _product(kernel, rows: Groups, cols: Groups, V: Array, tile_bytes: int) -> A
         ntiles = -(-N // (T * ndev)) * ndev
         # Pad with copies of the first point (finite, unlike zeros for some warps).
         Xp = jnp.concatenate([X1, jnp.broadcast_to(X1[:1], (ntiles * T - N, D))]).reshape(ntiles, T, D)
-        row = _row_function(kernel, op1, cols)
+        # Everything the tiles read goes in as an argument (replicated across devices), not
+        # as a closure, so that shard_map sees which values vary across devices.
+        dynamic, static = eqx.partition((kernel, op1, cols), eqx.is_array)
 
         @jax.checkpoint
-        def tile(Xt, vs, row=row):
-            per_rhs = jax.vmap(row, in_axes=(None, 0), out_axes=1)  # over right-hand sides
+        def tile(Xt, vs, dynamic, static=static):
+            kern, op, cs = eqx.combine(dynamic, static)
+            per_rhs = jax.vmap(_row_function(kern, op, cs), in_axes=(None, 0), out_axes=1)  # over RHS
             return jax.vmap(per_rhs, in_axes=(0, None))(Xt, vs)  # (T, P, k)
 
-        def tiles(Xp, vs):
-            return jax.lax.map(lambda Xt: tile(Xt, vs), Xp)
+        def tiles(Xp, vs, dynamic):
+            return jax.lax.map(lambda Xt: tile(Xt, vs, dynamic), Xp)
 
         if devices is None:
-            out = tiles(Xp, vs)
+            out = tiles(Xp, vs, dynamic)
         else:
+            # One slice of tiles per device: the leading axis is sharded over the devices and
+            # XLA's SPMD partitioner runs each device's slice where it lives.
             mesh = jax.sharding.Mesh(np.asarray(devices), ("tiles",))
-            out = jax.shard_map(
-                tiles,
-                mesh=mesh,
-                in_specs=(PartitionSpec("tiles"), PartitionSpec()),
-                out_specs=PartitionSpec("tiles"),
-                check_vma=False,
-            )(Xp, vs)
+            Xd = jax.lax.with_sharding_constraint(
+                Xp.reshape(ndev, ntiles // ndev, T, D), NamedSharding(mesh, PartitionSpec("tiles"))
+            )
+            out = jax.vmap(tiles, in_axes=(0, None, None))(Xd, vs, dynamic)
+            out = jax.lax.with_sharding_constraint(out, NamedSharding(mesh, PartitionSpec("tiles")))
         out = out.reshape(ntiles * T, P, k)[:N]
         outs.append(out.transpose(1, 0, 2).reshape(P * N, k))
     return jnp.concatenate(outs, axis=0)
@@ -133,12 +136,14 @@ class Covariance(eqx.Module):
     - `groups`: `(operator, X)` pairs.
     - `noise`: the diagonal noise, shape `(R,)`.
     - `tile_bytes`: memory budget of one tile of the matrix-free product.
+    - `shard`: split the product's row tiles over `jax.devices()` (`jax.sharding`).
     """
 
     kernel: AbstractKernel
     groups: Groups
     noise: Float[Array, " R"]
     tile_bytes: int = eqx.field(static=True, default=2**28)
+    shard: bool = eqx.field(static=True, default=False)
 
     @property
     def size(self) -> int:
@@ -161,13 +166,14 @@ class Covariance(eqx.Module):
         """`K @ V` without forming `K`: peak memory about `tile_bytes` plus `O(R k)`."""
         vec = V.ndim == 1
         V2 = V[:, None] if vec else V
-        out = _product(self.kernel, self.groups, self.groups, V2, self.tile_bytes) + self.noise[:, None] * V2
+        out = _product(self.kernel, self.groups, self.groups, V2, self.tile_bytes, self.shard)
+        out = out + self.noise[:, None] * V2
         return out[:, 0] if vec else out
 
     def cross_mv(self, operator: AbstractOperator, X: Float[Array, "N D"], v: Float[Array, " R"]) -> Array:
         """`operator_gram(kernel, (operator, X), groups) @ v`, tiled like `mv`: shape `(P N,)`
         (the posterior mean at new points without forming the cross-covariance)."""
-        return _product(self.kernel, ((operator, X),), self.groups, v[:, None], self.tile_bytes)[:, 0]
+        return _product(self.kernel, ((operator, X),), self.groups, v[:, None], self.tile_bytes, self.shard)[:, 0]
 
     def diagonal(self) -> Float[Array, " R"]:
         """The diagonal of `K` (noise included)."""
@@ -194,7 +200,7 @@ class Covariance(eqx.Module):
                 p, j = local // M, local % M
                 x = jax.lax.dynamic_slice_in_dim(X, j, 1)
                 v = jax.nn.one_hot(p, P, dtype=self.dtype)[:, None]
-                return _product(self.kernel, self.groups, ((op, x),), v, self.tile_bytes)[:, 0]
+                return _product(self.kernel, self.groups, ((op, x),), v, self.tile_bytes, self.shard)[:, 0]
 
             branches.append(branch)
         if len(branches) == 1:
