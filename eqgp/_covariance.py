@@ -84,18 +84,15 @@ def _product(kernel, rows: Groups, cols: Groups, V: Array, tile_bytes: int, shar
     outs = []
     for op1, X1 in rows:
         N, P = X1.shape[0], op1.size(D)
-        if N == 0 or P == 0:
-            outs.append(jnp.zeros((N * P, k), V.dtype))
-            continue
-        if M == 0:
+        if N == 0 or P == 0 or M == 0:
             outs.append(jnp.zeros((N * P, k), V.dtype))
             continue
         T = int(min(max(1, tile_bytes // per_row), -(-N // ndev)))
         ntiles = -(-N // (T * ndev)) * ndev
         # Pad with copies of the first point (finite, unlike zeros for some warps).
         Xp = jnp.concatenate([X1, jnp.broadcast_to(X1[:1], (ntiles * T - N, D))]).reshape(ntiles, T, D)
-        # Everything the tiles read goes in as an argument (replicated across devices), not
-        # as a closure, so that shard_map sees which values vary across devices.
+        # Everything the tiles read goes in as an argument rather than a closure, so the
+        # sharded path can map it as one replicated input.
         dynamic, static = eqx.partition((kernel, op1, cols), eqx.is_array)
 
         @jax.checkpoint
