@@ -18,6 +18,7 @@
 #include <cub/warp/warp_scan.cuh>
 
 #include "linrec_common.h"
+#include "recurrence_op.h"
 #include "xla/ffi/api/c_api.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -47,40 +48,19 @@ struct RunningPrefix {  // the composition of every earlier tile of the row
   }
 };
 
-// Element access for the scans: the affine map at row position p (Load) and what
-// to write for the state there (Store); `off` is the row's first element. One
-// struct, specialised by three flags, covers the three ops (as on the CPU):
-//
-//   plain  z = LR(a, b):       (a_p, b_p),                 out = state
-//   J t    (sumcumprod at x):  (x_p, t_p (1 + z_{p+1})),   out = state                (reverse)
-//   J^T t:                     (x_{p-1}, t_p),             out = state (1 + z_{p+1})  (forward)
-template <typename T, bool AShift, bool BScale, bool PostScale>
-struct Op {
-  const T* __restrict__ a;
-  const T* __restrict__ b;
-  const T* __restrict__ z;  // only read with BScale or PostScale
-  T* __restrict__ out;
-  __device__ __forceinline__ T Scale(int64_t off, int64_t p, int64_t n) const {
-    return T(1) + (p + 1 < n ? z[off + p + 1] : T(0));
-  }
-  __device__ __forceinline__ Affine<T> Load(int64_t off, int64_t p, int64_t n) const {
-    T av = AShift ? (p > 0 ? a[off + p - 1] : T(0)) : a[off + p];
-    T bv = b[off + p];
-    if (BScale) bv *= Scale(off, p, n);
-    return Affine<T>{av, bv};
-  }
-  __device__ __forceinline__ void Store(int64_t off, int64_t p, int64_t n, T v) const {
-    if (PostScale) v *= Scale(off, p, n);
-    out[off + p] = v;
-  }
-};
+// Element access (eqgp::RecurrenceOp, shared with the CPU kernels) as affine maps.
+template <typename T, class O>
+__device__ __forceinline__ Affine<T> Load(const O& op, int64_t off, int64_t p) {
+  return Affine<T>{op.A(off + p, p), op.B(off + p, p)};
+}
+template <typename T, class O>
+__device__ __forceinline__ void Store(const O& op, int64_t off, int64_t p, T state) {
+  op.Put(off + p, p, state);
+}
 
-template <typename T>
-using PlainOp = Op<T, false, false, false>;
-template <typename T>
-using SumcumprodJvpOp = Op<T, false, true, false>;
-template <typename T>
-using SumcumprodVjpOp = Op<T, true, false, true>;
+using eqgp::PlainOp;
+using eqgp::SumcumprodJvpOp;
+using eqgp::SumcumprodVjpOp;
 
 constexpr int kBlock = 256;
 constexpr int kItems = 4;
@@ -111,7 +91,7 @@ __global__ void BlockRowKernel(O op, int64_t rows, int64_t n) {
       for (int k = 0; k < kItems; ++k) {  // striped: consecutive threads, consecutive elements
         const int64_t s = base + k * kBlock + threadIdx.x;
         if (s < n) {
-          it[k] = op.Load(off, Pos<Reverse>(s, n), n);
+          it[k] = Load<T>(op, off, Pos<Reverse>(s, n));
         } else {
           it[k] = Affine<T>{T(1), T(0)};  // identity map
         }
@@ -125,7 +105,7 @@ __global__ void BlockRowKernel(O op, int64_t rows, int64_t n) {
 #pragma unroll
       for (int k = 0; k < kItems; ++k) {
         const int64_t s = base + k * kBlock + threadIdx.x;
-        if (s < n) op.Store(off, Pos<Reverse>(s, n), n, it[k].b);
+        if (s < n) Store(op, off, Pos<Reverse>(s, n), it[k].b);
       }
     }
   }
@@ -144,10 +124,10 @@ __global__ void WarpRowKernel(O op, int64_t rows, int64_t n) {
     for (int64_t base = 0; base < n; base += 32) {
       const int64_t s = base + lane;
       Affine<T> it{T(1), T(0)};
-      if (s < n) it = op.Load(off, Pos<Reverse>(s, n), n);
+      if (s < n) it = Load<T>(op, off, Pos<Reverse>(s, n));
       WarpScan(temp[warp]).InclusiveScan(it, it, Compose{});
       it = Compose{}(running, it);
-      if (s < n) op.Store(off, Pos<Reverse>(s, n), n, it.b);
+      if (s < n) Store(op, off, Pos<Reverse>(s, n), it.b);
       running.a = __shfl_sync(0xffffffffu, it.a, 31);
       running.b = __shfl_sync(0xffffffffu, it.b, 31);
     }
@@ -186,7 +166,7 @@ ffi::Error LinearRecurrenceCuda(cudaStream_t stream, bool reverse, ffi::AnyBuffe
   if (rn->rows == 0 || rn->n == 0) return ffi::Error::Success();  // never launch an empty grid
   auto run = [&](auto zero) {
     using T = decltype(zero);
-    PlainOp<T> op{a.typed_data<T>(), b.typed_data<T>(), nullptr, z->typed_data<T>()};
+    PlainOp<T> op{a.typed_data<T>(), b.typed_data<T>(), nullptr, z->typed_data<T>(), rn->n};
     if (reverse) {
       Launch<T, true>(stream, op, rn->rows, rn->n);
     } else {
@@ -218,11 +198,11 @@ ffi::Error SumcumprodJvpCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
     const T* tp = t.typed_data<T>();
     T* zp = static_cast<T*>(*mem);
     T* op = out->typed_data<T>();
-    Launch<T, true>(stream, PlainOp<T>{xp, xp, nullptr, zp}, rn->rows, rn->n);
+    Launch<T, true>(stream, PlainOp<T>{xp, xp, nullptr, zp, rn->n}, rn->rows, rn->n);
     if (transpose) {
-      Launch<T, false>(stream, SumcumprodVjpOp<T>{xp, tp, zp, op}, rn->rows, rn->n);
+      Launch<T, false>(stream, SumcumprodVjpOp<T>{xp, tp, zp, op, rn->n}, rn->rows, rn->n);
     } else {
-      Launch<T, true>(stream, SumcumprodJvpOp<T>{xp, tp, zp, op}, rn->rows, rn->n);
+      Launch<T, true>(stream, SumcumprodJvpOp<T>{xp, tp, zp, op, rn->n}, rn->rows, rn->n);
     }
   };
   eqgp::ForFloatType(x.element_type(), run);

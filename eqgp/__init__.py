@@ -19,7 +19,7 @@ from ._operators import (
 
 __version__ = "0.1.0"
 from ._covariance import Covariance as Covariance
-from ._fit import fit as fit
+from ._fit import FitError as FitError, fit as fit
 from ._gp import GaussianProcess as GaussianProcess, Posterior as Posterior
 from ._jit import compiler_options as compiler_options
 from ._likelihood import log_marginal_likelihood as log_marginal_likelihood

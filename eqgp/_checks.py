@@ -17,6 +17,12 @@ def as_points(name: str, X, dim: int | None = None) -> jax.Array:
             f"`{name}` must be a floating-point array of shape (N, D); got dtype {X.dtype}. "
             f"Cast it first, e.g. `{name}.astype(float)`."
         )
+    if jnp.dtype(X.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)):
+        raise TypeError(
+            f"`{name}` has dtype {X.dtype}; eqgp's Gaussian processes compute in float32 or float64 "
+            f"(float16/bfloat16 cannot hold a covariance factorisation). Cast it, e.g. "
+            f"`{name}.astype(jnp.float32)`."
+        )
     if X.ndim != 2:
         hint = f" For one-dimensional inputs use `{name}[:, None]`." if X.ndim == 1 else ""
         raise ValueError(f"`{name}` must have shape (N, D); got shape {tuple(X.shape)}.{hint}")

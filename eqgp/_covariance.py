@@ -14,8 +14,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from jaxtyping import Array, Float
 
-from ._gram import _symmetric_pullback, operator_diag, operator_gram
-from ._kernels import AbstractKernel
+from ._gram import _symmetric_pullback, check_smoothness, operator_diag, operator_gram
+from ._kernels import AbstractKernel, scalar_call
 from ._operators import AbstractOperator
 
 Groups = tuple[tuple[AbstractOperator, Float[Array, "_ _"]], ...]
@@ -47,11 +47,13 @@ def _row_function(kernel, op1: AbstractOperator, cols: Groups):
     of `x`, and the row operator differentiates that sum (reverse mode for gradients), so a
     pair costs a small multiple of one kernel evaluation whatever the operators are."""
 
+    k = scalar_call(kernel)
+
     def row(x, vs):
         def summed(a):
             total = jnp.zeros((), x.dtype)
             for (op2, X2), v in zip(cols, vs):
-                terms = jax.vmap(lambda xj, vj, op2=op2: op2.contract(lambda b: kernel(a, b), xj, vj))(X2, v)
+                terms = jax.vmap(lambda xj, vj, op2=op2: op2.contract(lambda b: k(a, b), xj, vj))(X2, v)
                 total = total + jnp.sum(terms)
             return total
 
@@ -72,6 +74,7 @@ def _product(kernel, rows: Groups, cols: Groups, V: Array, tile_bytes: int, shar
     is rematerialised in the backward pass (`jax.checkpoint`), so reverse mode keeps one tile's
     intermediates at a time too. With several devices the tiles are split across them with
     `jax.sharding` (`shard=True`: the tiles' leading axis sharded over `jax.devices()`)."""
+    check_smoothness(kernel, *(op for op, _ in rows), *(op for op, _ in cols))
     k = V.shape[1]
     vs = _split(V, cols)
     nonempty = [i for i, (op, X) in enumerate(cols) if X.shape[0] and op.size(X.shape[1])]

@@ -1,11 +1,28 @@
 import functools
+import math
+import sys
+import warnings
 from collections.abc import Callable
 
 import equinox as eqx
 import jax.numpy as jnp
+import numpy as np
 import optax
+from tqdm.auto import tqdm
 
 from ._jit import compiler_options
+
+
+class FitError(RuntimeError):
+    """`eqgp.fit` stopped early: a non-finite loss or a failed step (e.g. a Cholesky
+    factorisation that failed). Nothing trained is lost: `model` is the last model whose
+    loss was finite, `losses` the finite losses up to it, `step` the step that failed."""
+
+    def __init__(self, message: str, model, losses, step: int):
+        super().__init__(message)
+        self.model = model
+        self.losses = losses
+        self.step = step
 
 
 def fit(
@@ -18,14 +35,23 @@ def fit(
 ):
     """Train `model` by minimising `loss(model, *args)` with an optax optimizer.
 
-    Exactly the idiomatic loop: `eqx.filter_jit` (with `eqgp.compiler_options()`) around one step of
+    Exactly the idiomatic loop: `eqx.filter_jit` around one step of
     `eqx.filter_value_and_grad` → `optimizer.update` → `eqx.apply_updates`, over the
-    model's inexact-array leaves, with a tqdm progress bar when tqdm is installed and
-    `progress` is true.
+    model's inexact-array leaves (a hyper-parameter held as a Python float is not one).
+
+    Nothing is lost when training goes wrong:
+
+    - the first non-finite loss, or a step that raises (e.g. a failed Cholesky
+      factorisation), stops training with an `eqgp.FitError` naming the step, carrying
+      `.model` (the last model whose loss was finite) and `.losses` (the losses so far);
+    - Ctrl-C (`KeyboardInterrupt`) returns `(model, losses)` so far, with a warning.
+
+    The progress bar (tqdm) starts after the first step, so compilation is not in its
+    rate; without a terminal it prints a line every 30 s instead of redrawing.
 
     **Returns:** `(trained_model, losses)`, `losses` of shape `(steps,)`.
     """
-    if not isinstance(steps, int) or steps < 0:
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
         raise ValueError(f"`steps` must be a non-negative int; got {steps!r}.")
     opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
 
@@ -36,19 +62,65 @@ def fit(
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return eqx.apply_updates(model, updates), opt_state, value
 
-    it = range(steps)
+    losses: list[float] = []
     bar = None
-    if progress:
-        try:
-            from tqdm.auto import tqdm
+    i = 0
+    prev = model
+    try:
+        for i in range(steps):
+            try:
+                new_model, opt_state, value = step(model, opt_state, *args)
+                value = float(value)
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:  # noqa: BLE001 - re-raised with the model attached
+                if "KeyboardInterrupt" in str(e):  # Ctrl-C while a host callback ran
+                    raise KeyboardInterrupt from e
+                raise FitError(
+                    f"eqgp.fit: step {i} failed ({type(e).__name__}); `.model` is the last model whose "
+                    f"loss was finite (step {max(i - 1, 0)}) and `.losses` the {len(losses)} losses so far. "
+                    f"Cause: {_cause(e)}",
+                    prev if losses else model,
+                    _stack(losses),
+                    i,
+                ) from e
+            if not math.isfinite(value):
+                raise FitError(
+                    f"eqgp.fit: the loss at step {i} is {value}; `.model` is the model of step {i - 1} "
+                    f"(last finite loss {losses[-1] if losses else None}) and `.losses` the {len(losses)} "
+                    "finite losses. Lower the learning rate, or bound the noise from below (`noise_floor`).",
+                    prev if losses else model,
+                    _stack(losses),
+                    i,
+                )
+            losses.append(value)
+            prev, model = model, new_model
+            if progress and bar is None and steps > 1:  # after the compiling first step
+                tty = sys.stderr.isatty()
+                bar = tqdm(total=steps, initial=1, desc="fit", mininterval=0.1 if tty else 30.0)
+            elif bar is not None:
+                bar.update(1)
+            if bar is not None and (i % 10 == 0 or i == steps - 1):
+                bar.set_postfix(loss=f"{value:.4g}", refresh=False)
+    except KeyboardInterrupt:
+        warnings.warn(
+            f"eqgp.fit: interrupted at step {i}; returning the model and the {len(losses)} losses so far.",
+            stacklevel=2,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    return model, _stack(losses)
 
-            it = bar = tqdm(it, desc="fit")
-        except ImportError:
-            pass
-    losses = []
-    for i in it:
-        model, opt_state, value = step(model, opt_state, *args)
-        losses.append(value)
-        if bar is not None and (i % 10 == 0 or i == steps - 1):
-            bar.set_postfix(loss=f"{float(value):.4g}")
-    return model, jnp.stack(losses) if losses else jnp.zeros((0,))
+
+def _cause(e: Exception) -> str:
+    """The message of `e` without the traceback text JAX/equinox runtime errors carry."""
+    text = str(e)
+    for marker in ("EquinoxRuntimeError: ", "XlaRuntimeError: "):
+        if marker in text:
+            text = text.rsplit(marker, 1)[1]
+    return text.strip().split("\n", 1)[0]
+
+
+def _stack(losses: list[float]):
+    return jnp.asarray(np.asarray(losses, dtype=float))

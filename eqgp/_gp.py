@@ -1,3 +1,4 @@
+import math
 from collections.abc import Callable
 
 import equinox as eqx
@@ -8,7 +9,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._checks import as_points
 from ._covariance import Covariance
-from ._gram import operator_diag, operator_gram
+from ._gram import _operator_diag, _operator_gram
 from ._jit import jit
 from ._kernels import AbstractKernel, _positive
 from ._likelihood import log_marginal_likelihood
@@ -16,6 +17,10 @@ from ._observations import Observations
 from ._operators import AbstractOperator, Value
 from ._prior import ConstantMean, ZeroMean, group_mean, group_noise, noise_per_group, prior
 from ._solvers import AbstractSolver, Cholesky
+from ._solvers._cholesky import cholesky, not_pd
+
+# Default lower bounds of the noise variance per dtype (`GaussianProcess(noise_floor=...)`).
+_NOISE_FLOOR = {jnp.dtype(jnp.float32): 1e-4, jnp.dtype(jnp.float64): 1e-10}
 
 
 class GaussianProcess(eqx.Module):
@@ -30,6 +35,7 @@ class GaussianProcess(eqx.Module):
     mean: Callable
     raw_noise: tuple[Float[Array, "*P"], ...]
     solver: AbstractSolver
+    noise_floor: float | None = eqx.field(static=True)
 
     def __init__(
         self,
@@ -37,6 +43,7 @@ class GaussianProcess(eqx.Module):
         mean: Callable | float | None = None,
         noise=1e-2,
         solver: AbstractSolver | None = None,
+        noise_floor: float | None = None,
     ):
         """**Arguments:**
 
@@ -47,6 +54,11 @@ class GaussianProcess(eqx.Module):
           or a sequence with one entry per observation group, each a scalar or one value
           per operator output (e.g. value noise, then each derivative's).
         - `solver`: linear algebra, default `eqgp.Cholesky()`.
+        - `noise_floor`: a lower bound added to every noise variance (the variance used is
+          `noise + noise_floor`), so that training cannot drive the noise to where the
+          factorisation fails. `None` picks it from the dtype: `1e-4` for float32 (as
+          GPyTorch's `GreaterThan(1e-4)` noise constraint), `1e-10` for float64. Pass `0.0`
+          for none.
         """
         if not isinstance(kernel, AbstractKernel):
             raise TypeError(f"`kernel` must be an eqgp kernel; got {type(kernel).__name__}.")
@@ -61,18 +73,33 @@ class GaussianProcess(eqx.Module):
         if isinstance(noise, (list, tuple)):
             if not noise:
                 raise ValueError("`noise` must not be an empty sequence.")
-            self.raw_noise = tuple(_positive(f"noise[{i}]", n, vector=True) for i, n in enumerate(noise))
+            self.raw_noise = tuple(_positive(f"noise[{i}]", n, per="operator output") for i, n in enumerate(noise))
         else:
-            self.raw_noise = (_positive("noise", noise, vector=True),)
+            self.raw_noise = (_positive("noise", noise, per="operator output"),)
         self.solver = Cholesky() if solver is None else solver
+        if noise_floor is not None and not (isinstance(noise_floor, (int, float)) and 0 <= noise_floor < math.inf):
+            raise ValueError(f"`noise_floor` must be None or a finite number >= 0; got {noise_floor!r}.")
+        self.noise_floor = None if noise_floor is None else float(noise_floor)
 
     @property
     def noise(self) -> tuple[Array, ...]:
-        """The noise variances, one entry per observation group (or one shared entry)."""
-        return tuple(jax.nn.softplus(r) for r in self.raw_noise)
+        """The noise variances used, floor included: one entry per observation group (or
+        one shared entry)."""
+        return tuple(jax.nn.softplus(r) + self._floor(r.dtype) for r in self.raw_noise)
+
+    def _floor(self, dtype) -> float:
+        if self.noise_floor is not None:
+            return self.noise_floor
+        return _NOISE_FLOOR.get(jnp.dtype(dtype), 0.0)
 
     def _noise_for(self, obs: Observations) -> tuple[Array, ...]:
-        return noise_per_group(self.noise, obs)
+        """The noise entries used with `obs`, in its dtype with that dtype's floor."""
+        if not isinstance(obs, Observations):
+            raise TypeError(f"`obs` must be an eqgp.Observations; got {type(obs).__name__}.")
+        dtype = obs.groups[0].X.dtype
+        return noise_per_group(
+            tuple(jax.nn.softplus(r).astype(dtype) + self._floor(dtype) for r in self.raw_noise), obs
+        )
 
     @jit
     def log_marginal_likelihood(self, obs: Observations, key: PRNGKeyArray | None = None) -> Float[Array, ""]:
@@ -88,7 +115,7 @@ class GaussianProcess(eqx.Module):
         - `obs`: an `eqgp.Observations`.
         - `key`: a `jax.random` key for stochastic solvers; `None` uses a fixed one.
         """
-        cov, r = prior(self.kernel, self.mean, self.noise, obs)
+        cov, r = prior(self.kernel, self.mean, self._noise_for(obs), obs)
         return log_marginal_likelihood(cov, r, self.solver, key)
 
     @jit
@@ -97,9 +124,13 @@ class GaussianProcess(eqx.Module):
         of any operator (values, gradients, ...) of the latent function at new points.
 
         **Arguments:** `obs`, an `eqgp.Observations`; `key` as in `log_marginal_likelihood`."""
-        cov, r = prior(self.kernel, self.mean, self.noise, obs)
+        cov, r = prior(self.kernel, self.mean, self._noise_for(obs), obs)
         state = self.solver.init(cov, key)
         return Posterior(self, obs, cov, state, self.solver.solve(state, r))
+
+
+_SAMPLE_TRIES = 6
+_SAMPLE_NOT_PD = not_pd("the predictive covariance", "Raise `jitter` of `Posterior.sample`.")
 
 
 def _unflatten(v: Array, N: int, P: int) -> Array:
@@ -130,13 +161,25 @@ class Posterior(eqx.Module):
 
     def _reduction(self, X, operator, diagonal: bool):
         # K(X, obs) K^{-1} K(obs, X), or its diagonal: the variance the observations explain.
-        Ks = operator_gram(self.gp.kernel, (operator, X), self.obs)
+        Ks = _operator_gram(self.gp.kernel, [(operator, X)], [(g.operator, g.X) for g in self.obs.groups])
         return self.gp.solver.inv_quad(self.state, Ks.T, diagonal)
 
-    def _noise(self, noise_group, N):
+    def _noise(self, noise_group, N, operator):
         if noise_group is None:
             return 0.0
+        G = len(self.obs.groups)
+        if not isinstance(noise_group, (int, np.integer)) or isinstance(noise_group, bool) or not 0 <= noise_group < G:
+            raise ValueError(
+                f"`noise_group` must be None or the index of an observation group, 0 to {G - 1}; got {noise_group!r}."
+            )
         g = self.obs.groups[noise_group]
+        if g.targets.shape[1] != operator.size(g.X.shape[1]) or type(g.operator) is not type(operator):
+            raise ValueError(
+                f"`noise_group={noise_group}` is a group of {type(g.operator).__name__} observations "
+                f"({g.targets.shape[1]} outputs per point), but the prediction is of {type(operator).__name__} "
+                f"({operator.size(g.X.shape[1])} outputs): the noise of a new observation comes from a group "
+                "with the same operator."
+            )
         return group_noise(self.gp._noise_for(self.obs)[noise_group], g)[:: g.X.shape[0]].repeat(N)
 
     @jit
@@ -157,8 +200,8 @@ class Posterior(eqx.Module):
         `noise_group=g` of a new noisy observation like those of observation group `g`
         (whose operator should match `operator`)."""
         X, P = self._points(X, operator)
-        var = operator_diag(self.gp.kernel, operator, X) - self._reduction(X, operator, diagonal=True)
-        var = jnp.maximum(var, 0.0) + self._noise(noise_group, X.shape[0])
+        var = _operator_diag(self.gp.kernel, operator, X) - self._reduction(X, operator, diagonal=True)
+        var = jnp.maximum(var, 0.0) + self._noise(noise_group, X.shape[0], operator)
         return _unflatten(var, X.shape[0], P)
 
     @jit
@@ -170,9 +213,9 @@ class Posterior(eqx.Module):
     ) -> Array:
         """Full predictive covariance of `operator` at `X`, `(N P, N P)`, component-major."""
         X, _ = self._points(X, operator)
-        cov = operator_gram(self.gp.kernel, (operator, X), (operator, X)) - self._reduction(X, operator, False)
+        cov = _operator_gram(self.gp.kernel, [(operator, X)], [(operator, X)]) - self._reduction(X, operator, False)
         cov = 0.5 * (cov + cov.T)
-        return cov + jnp.diag(jnp.broadcast_to(self._noise(noise_group, X.shape[0]), (cov.shape[0],)))
+        return cov + jnp.diag(jnp.broadcast_to(self._noise(noise_group, X.shape[0], operator), (cov.shape[0],)))
 
     @jit
     def sample(
@@ -184,16 +227,15 @@ class Posterior(eqx.Module):
         jitter: float = 1e-9,
     ) -> Array:
         """Joint samples of `operator` of the latent function at `X`:
-        shape `(num_samples, N)` or `(num_samples, N, P)`."""
+        shape `(num_samples, N)` or `(num_samples, N, P)`.
+
+        The predictive covariance is factorised with `jitter` times the mean of its
+        diagonal added (as `eqgp.Cholesky`), retrying with tenfold jitter where that fails
+        (at observed points it is nearly singular), with a warning saying what it needed."""
         mean = self.mean(X, operator)
         cov = self.covariance(X, operator)
         n = cov.shape[0]
-        L = jnp.linalg.cholesky(
-            cov + jitter * jnp.maximum(jnp.mean(jnp.diagonal(cov)), 1.0) * jnp.eye(n, dtype=cov.dtype)
-        )
-        L = eqx.error_if(
-            L, ~jnp.all(jnp.isfinite(L)), "eqgp: the predictive covariance is not positive definite; raise `jitter`."
-        )
+        L = cholesky(cov, jitter, max_tries=_SAMPLE_TRIES, message=_SAMPLE_NOT_PD)
         z = jax.random.normal(key, (num_samples, n), dtype=cov.dtype)
         flat = mean.T.reshape(-1) if mean.ndim == 2 else mean
         draws = flat[None] + z @ L.T

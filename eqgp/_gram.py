@@ -2,16 +2,19 @@ from collections.abc import Sequence
 from typing import Literal
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
 from ._checks import as_points, check_same_dtype
 from ._jit import jit
-from ._kernels import AbstractKernel
+from ._kernels import AbstractKernel, scalar_call
 from ._operators import AbstractOperator, ValueAndGradient
 
 Layout = Literal["blocked", "interleaved"]
+
+_DIAG_BATCH_BYTES = 2**27
 
 
 def _check_kernel(kernel):
@@ -24,9 +27,26 @@ def _check_layout(layout):
         raise ValueError(f"`layout` must be 'blocked' or 'interleaved'; got {layout!r}.")
 
 
+def check_smoothness(kernel: AbstractKernel, *operators: AbstractOperator) -> None:
+    """Refuse an operator that takes more derivatives than the kernel's process has."""
+    have = kernel.smoothness
+    for op in operators:
+        need = getattr(op, "order", None)
+        if need is not None and need > have:
+            raise ValueError(
+                f"{type(op).__name__} observations take {need} derivative(s) of the process, but "
+                f"kernel {type(kernel).__name__} is only {int(have)} time(s) differentiable "
+                f"(smoothness = {int(have)}): its derivative covariances do not exist. Use a smoother "
+                "kernel (Matern52 or RBF) or fewer derivatives; a user kernel declares its smoothness "
+                "as a class attribute."
+            )
+
+
 def _block(kernel, op1: AbstractOperator, op2: AbstractOperator):
     """`(x1, x2) -> cov(op1 f(x1), op2 f(x2))`, one pair of points: shape `(P1, P2)`."""
-    return lambda x1, x2: op1.apply(lambda a: op2.apply(lambda b: kernel(a, b), x2), x1)
+    check_smoothness(kernel, op1, op2)
+    k = scalar_call(kernel)
+    return lambda x1, x2: op1.apply(lambda a: op2.apply(lambda b: k(a, b), x2), x1)
 
 
 def _cross(kernel, op1: AbstractOperator, X1, op2: AbstractOperator, X2, layout: Layout):
@@ -65,7 +85,7 @@ def gram(
     X1 = as_points("X1", X1)
     X2 = as_points("X2", X2, X1.shape[1])
     check_same_dtype(X1=X1, X2=X2)
-    f = eqx.filter_vmap(eqx.filter_vmap(kernel, in_axes=(None, 0)), in_axes=(0, None))
+    f = eqx.filter_vmap(eqx.filter_vmap(scalar_call(kernel), in_axes=(None, 0)), in_axes=(0, None))
     return f(X1, X2)
 
 
@@ -148,6 +168,11 @@ def operator_gram(kernel: AbstractKernel, obs1, obs2, layout: Layout = "blocked"
         for i, (_, X) in enumerate(groups):
             as_points(f"{name}[{i}] points", X, D)
     check_same_dtype(**{f"group{i}": X for i, (_, X) in enumerate(g1 + g2)})
+    return _operator_gram(kernel, g1, g2, layout)
+
+
+def _operator_gram(kernel, g1, g2, layout: Layout = "blocked") -> Array:
+    """`operator_gram` on validated groups (for callers that checked their inputs once)."""
     rows = [jnp.concatenate([_cross(kernel, a, X1, b, X2, layout) for b, X2 in g2], axis=1) for a, X1 in g1]
     return jnp.concatenate(rows, axis=0)
 
@@ -157,10 +182,23 @@ def operator_diag(kernel: AbstractKernel, operator: AbstractOperator, X) -> Arra
     """The variances `cov(L f(X_i), L f(X_i))` of one operator at each point, without the
     off-diagonal: shape `(P N,)`, component-major like `operator_gram`."""
     _check_kernel(kernel)
-    X = as_points("X", X)
+    return _operator_diag(kernel, operator, as_points("X", X))
 
+
+def _operator_diag(kernel, operator: AbstractOperator, X: Array) -> Array:
+    """`operator_diag` on validated points."""
+    N, D = X.shape
+    P = operator.size(D)
+    if N == 0 or P == 0:
+        return jnp.zeros((P * N,), X.dtype)
     block = _block(kernel, operator, operator)
-    return eqx.filter_vmap(lambda x: jnp.diagonal(block(x, x)), out_axes=1)(X).reshape(-1)
+    # A point's diagonal comes from its whole (P, P) block (P directional products, each
+    # O(D)): P (P + D) intermediates. Points go in batches that keep them within
+    # `_DIAG_BATCH_BYTES`, each batch rematerialised in reverse mode, so that the diagonal of
+    # a high-D gradient covariance never holds N D^2 numbers (800 MB at N = 100, D = 1 000).
+    B = int(max(1, min(N, _DIAG_BATCH_BYTES // (P * (P + D) * 64))))
+    diag = jax.checkpoint(lambda x: jnp.diagonal(block(x, x)))
+    return jax.lax.map(diag, X, batch_size=B).T.reshape(-1)
 
 
 def _pair_indices(N: int, M: int, same: bool):

@@ -1,7 +1,10 @@
 import abc
+import dataclasses
 import functools
 import math
+import warnings
 from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -17,18 +20,21 @@ def _inverse_softplus(y):
     return y + jnp.log(-jnp.expm1(-y))
 
 
-def _positive(name: str, value, *, vector: bool = False) -> Array:
-    """Validate a constrained positive hyper-parameter and return its raw (unconstrained) value."""
+def _positive(name: str, value, *, per: str | None = None) -> Array:
+    """Validate a constrained positive hyper-parameter and return its raw (unconstrained) value.
+
+    `per`: what the entries of a 1-D value stand for ("input dimension" for ARD
+    lengthscales, "operator output" for a noise group); None for a scalar."""
     if isinstance(value, jax.core.Tracer):
         v = jnp.asarray(value)
-        v = eqx.error_if(v, jnp.any(v <= 0), f"`{name}` must be positive.")
+        v = eqx.error_if(v, ~jnp.all((v > 0) & jnp.isfinite(v)), f"`{name}` must be positive and finite.")
     else:
         v = np.asarray(value)
         if not np.issubdtype(v.dtype, np.number) or np.iscomplexobj(v):
             raise TypeError(f"`{name}` must be a real number; got {value!r}.")
-        if v.ndim > (1 if vector else 0):
+        if v.ndim > (0 if per is None else 1):
             raise ValueError(
-                f"`{name}` must be a scalar{' or a 1-D array (one per input dimension)' if vector else ''}; "
+                f"`{name}` must be a scalar{'' if per is None else f' or a 1-D array (one per {per})'}; "
                 f"got shape {v.shape}."
             )
         if not np.all(np.isfinite(v)) or np.any(v <= 0):
@@ -51,9 +57,42 @@ class AbstractKernel(eqx.Module):
     Subclass it and implement `__call__(x1, x2)` for single points of shape `(D,)`;
     eqgp maps it over points (`eqgp.gram`) and differentiates it for derivative
     observations (`eqgp.gradient_gram`, `eqgp.operator_gram`). A kernel never sees a
-    batch axis. Kernels combine with `+` and `*` (also with a positive scalar, `c * k`),
-    and `sum([...])` works.
+    batch axis. Kernels combine with `+` and `*`, also with a positive number (`k + 1.0`
+    adds a `Constant` kernel, `c * k` scales it), and `sum([...])` works.
+
+    **Smoothness.** `smoothness` is how many times the process's sample paths are
+    (mean-square) differentiable: `math.inf` for smooth kernels (the default, also for a
+    user kernel), 0 for Matérn-1/2, 1 for Matérn-3/2, 2 for Matérn-5/2; composites take
+    the smallest of their parts. An observation operator that needs more derivatives
+    (`Gradient` needs 1, `Hessian` 2) raises an error when the covariance is built. A
+    user kernel that is only finitely smooth declares it as a class attribute:
+    `smoothness = 1`.
+
+    **Trainable fields.** Hyper-parameters are the kernel's inexact-array leaves
+    (`eqx.is_inexact_array`): store them as `jnp.asarray(...)` (or unconstrained, as a
+    `raw_*` field with a property, as the built-in kernels do). A field holding a Python
+    `float`/`int` would be silently frozen, so it triggers a warning at construction;
+    mark deliberate constants `eqx.field(static=True)`.
     """
+
+    smoothness: ClassVar[float] = math.inf
+
+    def __check_init__(self):
+        frozen = [
+            f.name
+            for f in dataclasses.fields(self)
+            if not f.metadata.get("static", False)
+            and isinstance(getattr(self, f.name, None), (float, int))
+            and not isinstance(getattr(self, f.name, None), bool)
+        ]
+        if frozen:
+            warnings.warn(
+                f"{type(self).__name__} field(s) {', '.join(repr(n) for n in frozen)} hold Python numbers, "
+                "which eqgp.fit and optax never train (they are not arrays). Use jnp.asarray(value) "
+                "to train a field, or declare it `eqx.field(static=True)` to freeze it on purpose.",
+                UserWarning,
+                stacklevel=3,
+            )
 
     @abc.abstractmethod
     def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
@@ -65,28 +104,56 @@ class AbstractKernel(eqx.Module):
     def __add__(self, other):
         if isinstance(other, AbstractKernel):
             return Sum(self, other)
+        if _is_number(other):
+            return self if _is_zero(other) else Sum(self, Constant(other))
         return NotImplemented
 
     def __radd__(self, other):
-        if isinstance(other, (int, float)) and other == 0:  # so that sum([k1, k2]) works
-            return self
         if isinstance(other, AbstractKernel):
             return Sum(other, self)
+        if _is_number(other):  # 0 + k: so that sum([k1, k2]) works
+            return self if _is_zero(other) else Sum(Constant(other), self)
         return NotImplemented
 
     def __mul__(self, other):
         if isinstance(other, AbstractKernel):
             return Product(self, other)
-        if isinstance(other, (int, float, np.ndarray, np.generic, jax.Array)):
+        if _is_number(other):
             return Product(Constant(other), self)
         return NotImplemented
 
     def __rmul__(self, other):
         if isinstance(other, AbstractKernel):
             return Product(other, self)
-        if isinstance(other, (int, float, np.ndarray, np.generic, jax.Array)):
+        if _is_number(other):
             return Product(Constant(other), self)
         return NotImplemented
+
+
+def scalar_call(kernel: "AbstractKernel") -> Callable:
+    """`kernel` as `(x1, x2) -> k(x1, x2)`, refusing at trace time a `__call__` that does
+    not return a scalar (a user kernel returning a vector would otherwise surface as a
+    reshape error deep inside a gram)."""
+
+    def k(x1, x2):
+        out = kernel(x1, x2)
+        if jnp.shape(out) != ():
+            raise TypeError(
+                f"{type(kernel).__name__}.__call__ must return a scalar for two points of shape (D,); "
+                f"got shape {tuple(jnp.shape(out))}. A kernel sees single points, never a batch "
+                "(reduce over dimensions, e.g. with jnp.sum)."
+            )
+        return out
+
+    return k
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float, np.ndarray, np.generic, jax.Array)) and not isinstance(x, bool)
+
+
+def _is_zero(x) -> bool:
+    return not isinstance(x, jax.core.Tracer) and np.ndim(x) == 0 and float(x) == 0.0
 
 
 class AbstractVarianceKernel(AbstractKernel):
@@ -99,13 +166,15 @@ class AbstractVarianceKernel(AbstractKernel):
         return jax.nn.softplus(self.raw_variance)
 
 
-def _lengthscale(ls: Array, x1: Array) -> Array:
-    if ls.ndim == 1 and ls.shape[0] != x1.shape[-1]:
+def _per_dimension(name: str, param: Array, x1: Array) -> Array:
+    """A scalar or per-dimension hyper-parameter, checked against the points' dimension
+    (known only at the call) and cast to their dtype."""
+    if param.ndim == 1 and param.shape[0] != x1.shape[-1]:
         raise ValueError(
-            f"the kernel has {ls.shape[0]} ARD lengthscales but the inputs have "
-            f"{x1.shape[-1]} dimensions; give one lengthscale per input dimension or a scalar."
+            f"the kernel has {param.shape[0]} ARD `{name}` values but the inputs have "
+            f"{x1.shape[-1]} dimensions; give one {name} per input dimension or a scalar."
         )
-    return _like(ls, x1)
+    return _like(param, x1)
 
 
 def _check_pair(x1, x2):
@@ -116,13 +185,9 @@ def _check_pair(x1, x2):
         )
 
 
-class AbstractStationaryKernel(AbstractVarianceKernel):
-    """A kernel `variance * profile(s)` of the squared scaled distance
-    `s = sum(((x1 - x2) / lengthscale) ** 2)`.
-
-    Working in `s` (smooth at coincident points) rather than in `r = sqrt(s)` keeps
-    every derivative block exact and finite where `x1 == x2`.
-    """
+class AbstractLengthscaleKernel(AbstractVarianceKernel):
+    """A kernel with positive lengthscales (a scalar or one per input dimension, ARD)
+    stored unconstrained as `raw_lengthscale`."""
 
     raw_lengthscale: eqx.AbstractVar[Float[Array, "*D"]]
 
@@ -130,13 +195,22 @@ class AbstractStationaryKernel(AbstractVarianceKernel):
     def lengthscale(self) -> Float[Array, "*D"]:
         return jax.nn.softplus(self.raw_lengthscale)
 
+
+class AbstractStationaryKernel(AbstractLengthscaleKernel):
+    """A kernel `variance * profile(s)` of the squared scaled distance
+    `s = sum(((x1 - x2) / lengthscale) ** 2)`.
+
+    Working in `s` (smooth at coincident points) rather than in `r = sqrt(s)` keeps
+    every derivative block exact and finite where `x1 == x2`.
+    """
+
     @abc.abstractmethod
     def profile(self, s: Float[Array, ""]) -> Float[Array, ""]:
         """The correlation as a function of the squared scaled distance `s`."""
 
     def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
         _check_pair(x1, x2)
-        d = (x1 - x2) / _lengthscale(self.lengthscale, x1)
+        d = (x1 - x2) / _per_dimension("lengthscale", self.lengthscale, x1)
         return _like(self.variance, x1) * self.profile(jnp.sum(d * d))
 
 
@@ -149,7 +223,7 @@ class RBF(AbstractStationaryKernel):
     def __init__(self, lengthscale: Hyper = 1.0, variance: ArrayLike = 1.0):
         """**Arguments:** `lengthscale` (a scalar, or one per input dimension for ARD) and
         `variance`, both positive."""
-        self.raw_lengthscale = _positive("lengthscale", lengthscale, vector=True)
+        self.raw_lengthscale = _positive("lengthscale", lengthscale, per="input dimension")
         self.raw_variance = _positive("variance", variance)
 
     def profile(self, s):
@@ -189,56 +263,50 @@ def _matern(p: int, s):
     return _matern_profile(p, 2.0 * nu * s) / float(math.prod(range(1, 2 * p, 2)))
 
 
-class Matern12(AbstractStationaryKernel):
+class AbstractMatern(AbstractStationaryKernel):
+    """Matérn kernels of half-integer order `nu = order + 1/2`: `variance * G(s)` with the
+    profile above; the process is `order` times differentiable (`smoothness = order`)."""
+
+    raw_lengthscale: Float[Array, "*D"]
+    raw_variance: Float[Array, ""]
+    order: ClassVar[int]
+
+    def __init__(self, lengthscale: Hyper = 1.0, variance: ArrayLike = 1.0):
+        """**Arguments:** `lengthscale` (scalar or one per dimension) and `variance`, positive."""
+        self.raw_lengthscale = _positive("lengthscale", lengthscale, per="input dimension")
+        self.raw_variance = _positive("variance", variance)
+
+    @property
+    def smoothness(self) -> float:
+        return float(self.order)
+
+    def profile(self, s):
+        return _matern(self.order, s)
+
+
+class Matern12(AbstractMatern):
     """Matérn-1/2 (exponential): `variance * exp(-r)`, `r = sqrt(s)`.
 
-    Its process is not differentiable, so derivative observations are not meaningful
-    with it (its derivative blocks at coincident points are not the limit of anything).
-    """
+    Its process is not differentiable (`smoothness = 0`): derivative observations are
+    refused with it."""
 
-    raw_lengthscale: Float[Array, "*D"]
-    raw_variance: Float[Array, ""]
-
-    def __init__(self, lengthscale: Hyper = 1.0, variance: ArrayLike = 1.0):
-        """**Arguments:** `lengthscale` (scalar or one per dimension) and `variance`, positive."""
-        self.raw_lengthscale = _positive("lengthscale", lengthscale, vector=True)
-        self.raw_variance = _positive("variance", variance)
-
-    def profile(self, s):
-        return _matern(0, s)
+    order: ClassVar[int] = 0
 
 
-class Matern32(AbstractStationaryKernel):
+class Matern32(AbstractMatern):
     """Matérn-3/2: `variance * (1 + sqrt(3) r) exp(-sqrt(3) r)`; once differentiable, so
-    value and gradient observations are exact (also at coincident points)."""
+    value and gradient observations are exact (also at coincident points); `Hessian`
+    observations are refused."""
 
-    raw_lengthscale: Float[Array, "*D"]
-    raw_variance: Float[Array, ""]
-
-    def __init__(self, lengthscale: Hyper = 1.0, variance: ArrayLike = 1.0):
-        """**Arguments:** `lengthscale` (scalar or one per dimension) and `variance`, positive."""
-        self.raw_lengthscale = _positive("lengthscale", lengthscale, vector=True)
-        self.raw_variance = _positive("variance", variance)
-
-    def profile(self, s):
-        return _matern(1, s)
+    order: ClassVar[int] = 1
 
 
-class Matern52(AbstractStationaryKernel):
+class Matern52(AbstractMatern):
     """Matérn-5/2: `variance * (1 + sqrt(5) r + 5 r^2 / 3) exp(-sqrt(5) r)`; twice
-    differentiable, so value and gradient observations are exact (also at coincident
-    points, where `d2k/dx1dx2 = 5 / (3 l^2) I`)."""
+    differentiable, so value, gradient and Hessian observations are exact (also at
+    coincident points, where `d2k/dx1dx2 = 5 / (3 l^2) I`)."""
 
-    raw_lengthscale: Float[Array, "*D"]
-    raw_variance: Float[Array, ""]
-
-    def __init__(self, lengthscale: Hyper = 1.0, variance: ArrayLike = 1.0):
-        """**Arguments:** `lengthscale` (scalar or one per dimension) and `variance`, positive."""
-        self.raw_lengthscale = _positive("lengthscale", lengthscale, vector=True)
-        self.raw_variance = _positive("variance", variance)
-
-    def profile(self, s):
-        return _matern(2, s)
+    order: ClassVar[int] = 2
 
 
 class RationalQuadratic(AbstractStationaryKernel):
@@ -251,7 +319,7 @@ class RationalQuadratic(AbstractStationaryKernel):
     def __init__(self, lengthscale: Hyper = 1.0, variance: ArrayLike = 1.0, alpha: ArrayLike = 1.0):
         """**Arguments:** `lengthscale` (scalar or one per dimension), `variance` and the
         scale-mixture parameter `alpha`, all positive."""
-        self.raw_lengthscale = _positive("lengthscale", lengthscale, vector=True)
+        self.raw_lengthscale = _positive("lengthscale", lengthscale, per="input dimension")
         self.raw_variance = _positive("variance", variance)
         self.raw_alpha = _positive("alpha", alpha)
 
@@ -264,7 +332,7 @@ class RationalQuadratic(AbstractStationaryKernel):
         return (1.0 + s / (2.0 * alpha)) ** (-alpha)
 
 
-class Periodic(AbstractVarianceKernel):
+class Periodic(AbstractLengthscaleKernel):
     """Periodic (exp-sine-squared):
     `variance * exp(-2 * sum_d sin(pi (x1_d - x2_d) / period) ** 2 / lengthscale_d ** 2)`."""
 
@@ -275,13 +343,9 @@ class Periodic(AbstractVarianceKernel):
     def __init__(self, lengthscale: Hyper = 1.0, variance: ArrayLike = 1.0, period: Hyper = 1.0):
         """**Arguments:** `lengthscale` and `period` (each a scalar or one per dimension)
         and `variance`, all positive."""
-        self.raw_lengthscale = _positive("lengthscale", lengthscale, vector=True)
+        self.raw_lengthscale = _positive("lengthscale", lengthscale, per="input dimension")
         self.raw_variance = _positive("variance", variance)
-        self.raw_period = _positive("period", period, vector=True)
-
-    @property
-    def lengthscale(self):
-        return jax.nn.softplus(self.raw_lengthscale)
+        self.raw_period = _positive("period", period, per="input dimension")
 
     @property
     def period(self):
@@ -290,8 +354,8 @@ class Periodic(AbstractVarianceKernel):
     def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
         _check_pair(x1, x2)
         # sin^2 is even, so no |x1 - x2| (and no kink at coincident points) is needed.
-        t = jnp.sin(jnp.pi * (x1 - x2) / _lengthscale(self.period, x1))
-        t = t / _lengthscale(self.lengthscale, x1)
+        t = jnp.sin(jnp.pi * (x1 - x2) / _per_dimension("period", self.period, x1))
+        t = t / _per_dimension("lengthscale", self.lengthscale, x1)
         return _like(self.variance, x1) * jnp.exp(-2.0 * jnp.sum(t * t))
 
 
@@ -370,6 +434,10 @@ class Sum(AbstractKernel):
     kernel1: AbstractKernel
     kernel2: AbstractKernel
 
+    @property
+    def smoothness(self) -> float:
+        return min(self.kernel1.smoothness, self.kernel2.smoothness)
+
     def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
         return self.kernel1(x1, x2) + self.kernel2(x1, x2)
 
@@ -380,6 +448,10 @@ class Product(AbstractKernel):
     kernel1: AbstractKernel
     kernel2: AbstractKernel
 
+    @property
+    def smoothness(self) -> float:
+        return min(self.kernel1.smoothness, self.kernel2.smoothness)
+
     def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
         return self.kernel1(x1, x2) * self.kernel2(x1, x2)
 
@@ -387,10 +459,68 @@ class Product(AbstractKernel):
 class Warped(AbstractKernel):
     """`kernel(warp(x1), warp(x2))` for any `warp` mapping a point to a point (an
     `eqx.nn.MLP`, a chain ending in `eqgp.nn.SumCumProd`, a user Module...). Derivative
-    observations differentiate through the warp."""
+    observations differentiate through the warp.
+
+    Smoothness: the kernel's, or the warp's where it is known: a `smoothness` attribute
+    on the warp, or an `eqx.nn.MLP` whose activation is `jax.nn.relu` (piecewise linear:
+    0). Otherwise the warp is taken as smooth."""
 
     kernel: AbstractKernel
     warp: Callable
 
+    @property
+    def smoothness(self) -> float:
+        return min(self.kernel.smoothness, _warp_smoothness(self.warp))
+
     def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
         return self.kernel(self.warp(x1), self.warp(x2))
+
+
+def _warp_smoothness(warp) -> float:
+    declared = getattr(warp, "smoothness", None)
+    if isinstance(declared, (int, float)):
+        return float(declared)
+    if isinstance(warp, eqx.nn.MLP) and warp.activation in (jax.nn.relu, jax.nn.relu6, jax.nn.hard_tanh):
+        return 0.0
+    if isinstance(warp, eqx.nn.Sequential):
+        return min((_warp_smoothness(layer) for layer in warp.layers), default=math.inf)
+    return math.inf
+
+
+class ActiveDims(AbstractKernel):
+    """`kernel(x1[dims], x2[dims])`: a kernel that sees only some input dimensions (as
+    GPyTorch's `active_dims`), e.g. one kernel per group of inputs in a sum.
+
+    The derivatives along the other dimensions are structurally zero: autodiff never
+    differentiates the kernel along them, and their blocks come out as exact zeros (a
+    gradient observation along an unused dimension then carries only its noise)."""
+
+    kernel: AbstractKernel
+    dims: tuple[int, ...] = eqx.field(static=True)
+
+    def __init__(self, kernel: AbstractKernel, dims):
+        """**Arguments:** `kernel`, and `dims`: an int or a sequence of distinct
+        non-negative input-dimension indices the kernel sees (in that order)."""
+        if not isinstance(kernel, AbstractKernel):
+            raise TypeError(f"`kernel` must be an eqgp kernel; got {type(kernel).__name__}.")
+        dims = (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)
+        if not dims or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in dims):
+            raise ValueError(f"`dims` must be non-negative integers; got {dims!r}.")
+        if len(set(dims)) != len(dims):
+            raise ValueError(f"`dims` must be distinct; got {dims!r}.")
+        self.kernel = kernel
+        self.dims = tuple(int(d) for d in dims)
+
+    @property
+    def smoothness(self) -> float:
+        return self.kernel.smoothness
+
+    def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
+        _check_pair(x1, x2)
+        if max(self.dims) >= x1.shape[0]:
+            raise ValueError(
+                f"ActiveDims(dims={self.dims}) asks for dimension {max(self.dims)} but the inputs have "
+                f"{x1.shape[0]} dimensions."
+            )
+        idx = np.asarray(self.dims)
+        return self.kernel(x1[idx], x2[idx])

@@ -6,25 +6,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
-from ._ops import _native_cpu
-
-
-def _register_lapack() -> bool:
-    # scipy is a dependency of jax itself, and its LAPACK is the one jaxlib's CPU linear
-    # algebra uses; without it (or without the extension) the generic path is used.
-    if _native_cpu is None or not hasattr(_native_cpu, "set_lapack"):
-        return False
-    try:
-        from scipy.linalg import cython_lapack
-
-        capi = cython_lapack.__pyx_capi__
-        _native_cpu.set_lapack(capi["spotri"], capi["dpotri"])
-    except Exception:  # noqa: BLE001 -- any failure here means: use the generic path
-        return False
-    return True
-
-
-HAVE_NATIVE_INVERSE: bool = _register_lapack()
+from ._native import HAVE_NATIVE_INVERSE
 
 
 def _generic(L):

@@ -46,8 +46,10 @@ class ObservationGroup(eqx.Module):
         noise = jnp.asarray(noise, dtype=X.dtype)
         if noise.shape not in ((), (P,)):
             raise ValueError(f"`noise` must be a scalar or shape ({P},); got {tuple(noise.shape)}.")
-        if not isinstance(noise, jax.core.Tracer) and bool(np.any(np.asarray(noise) < 0)):
-            raise ValueError(f"`noise` must be non-negative; got {noise}.")
+        if isinstance(noise, jax.core.Tracer):  # under jit: checked when the value exists
+            noise = eqx.error_if(noise, ~jnp.all(noise >= 0), "`noise` of an observation group must be non-negative.")
+        elif bool(np.any(~(np.asarray(noise) >= 0))) or not bool(np.all(np.isfinite(np.asarray(noise)))):
+            raise ValueError(f"`noise` must be non-negative and finite; got {noise}.")
         self.operator = operator
         self.X = X
         self.targets = t

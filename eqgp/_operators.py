@@ -1,5 +1,6 @@
 import abc
 from collections.abc import Callable
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -44,7 +45,13 @@ class AbstractOperator(eqx.Module):
 
     `apply(f, x)` maps a function `f: (D,) -> Q` to the stacked outputs `(P, *Q)` of
     the operator at `x`; nesting two operators around a kernel gives their cross
-    covariance block `A_x1 B_x2 k(x1, x2)`."""
+    covariance block `A_x1 B_x2 k(x1, x2)`.
+
+    `order`: how many derivatives of `f` the operator takes (0 for values, 1 for
+    gradients, 2 for Hessians); a kernel whose process is less smooth is refused. None
+    (the default for a user operator) skips the check."""
+
+    order: ClassVar[int | None] = None
 
     @abc.abstractmethod
     def size(self, dim: int) -> int:
@@ -64,6 +71,8 @@ class AbstractOperator(eqx.Module):
 class Value(AbstractOperator):
     """The function value `f(x)` (one output)."""
 
+    order: ClassVar[int] = 0
+
     def size(self, dim: int) -> int:
         return 1
 
@@ -76,6 +85,8 @@ class Value(AbstractOperator):
 
 class Gradient(AbstractOperator):
     """The gradient `df/dx` (D outputs, in dimension order)."""
+
+    order: ClassVar[int] = 1
 
     def size(self, dim: int) -> int:
         return dim
@@ -92,6 +103,8 @@ class Gradient(AbstractOperator):
 class ValueAndGradient(AbstractOperator):
     """The value and the gradient, `[f(x), df/dx_0, ..., df/dx_{D-1}]` (D + 1 outputs):
     what `eqgp.gradient_gram` uses, sharing the primal computation between them."""
+
+    order: ClassVar[int] = 1
 
     def size(self, dim: int) -> int:
         return dim + 1
@@ -111,6 +124,8 @@ class ValueAndGradient(AbstractOperator):
 
 class Partial(AbstractOperator):
     """Some components of the gradient, `df/dx_i` for `i` in `dims` (in that order)."""
+
+    order: ClassVar[int] = 1
 
     dims: tuple[int, ...] = eqx.field(static=True)
 
@@ -148,6 +163,8 @@ class Directional(AbstractOperator):
     """Directional derivatives `v . df/dx` along one direction `v` of shape `(D,)`, or
     along each row of `v` of shape `(K, D)` (K outputs). Directions are used as given
     (not normalised)."""
+
+    order: ClassVar[int] = 1
 
     directions: Float[Array, "K D"]
 
@@ -187,6 +204,8 @@ class Hessian(AbstractOperator):
     (D (D + 1) / 2 outputs; the lower triangle repeats it and would make the observation
     covariance singular), or only the diagonal `d2f/dx_i^2` with `diagonal=True` (D
     outputs, GPyTorch's `RBFKernelGradGrad`)."""
+
+    order: ClassVar[int] = 2
 
     diagonal: bool = eqx.field(static=True, default=False)
 

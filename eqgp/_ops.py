@@ -12,7 +12,6 @@ scan, with a one-time warning.
 """
 
 import functools
-import importlib
 import warnings
 
 import jax
@@ -22,29 +21,10 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jaxtyping import Array, Float
 
+from ._native import BUILT_PLATFORMS, native_platforms
+
 _TARGET = "eqgp_linear_recurrence"
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def _load(name):
-    try:
-        return importlib.import_module(f"{__package__}.{name}")
-    except ImportError:
-        return None
-
-
-_native_cpu = _load("_native_cpu")
-_native_cuda = _load("_native_cuda")
-if _native_cpu is not None:
-    for _name, _capsule in _native_cpu.registrations().items():
-        jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
-if _native_cuda is not None:
-    for _name, _capsule in _native_cuda.registrations().items():
-        # "CUDA", not "cuda": the name is matched verbatim against the CUDA plugin's.
-        jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
-
-#: Platforms on which `linear_recurrence` runs the native handlers.
-NATIVE_PLATFORMS: tuple[str, ...] = tuple(p for p, m in (("cpu", _native_cpu), ("cuda", _native_cuda)) if m is not None)
 
 
 def _shift(z, reverse: bool):
@@ -104,7 +84,7 @@ def _fallback(a, b, *, reverse):
         _fallback_warned = True
         warnings.warn(
             "eqgp: no native linear-recurrence handler for this platform (native handlers: "
-            f"{NATIVE_PLATFORMS or 'none, the extension is not built'}); using the pure-JAX "
+            f"{native_platforms() or 'none, the extension is not built'}); using the pure-JAX "
             "associative scan, which is correct but much slower.",
             RuntimeWarning,
             stacklevel=2,
@@ -113,7 +93,7 @@ def _fallback(a, b, *, reverse):
 
 
 mlir.register_lowering(linear_recurrence_p, mlir.lower_fun(_fallback, multiple_results=False))
-for _platform in NATIVE_PLATFORMS:
+for _platform in BUILT_PLATFORMS:
     mlir.register_lowering(linear_recurrence_p, _native_lowering(_TARGET), platform=_platform)
 
 
@@ -247,7 +227,7 @@ sumcumprod_jvp_p.def_abstract_eval(_scp_abstract_eval)
 mlir.register_lowering(
     sumcumprod_jvp_p, mlir.lower_fun(_scp_jvp_reference, multiple_results=False)
 )  # the fallback: its recurrence warns once where no native handler exists
-for _platform in NATIVE_PLATFORMS:
+for _platform in BUILT_PLATFORMS:
     mlir.register_lowering(sumcumprod_jvp_p, _native_lowering("eqgp_sumcumprod_jvp"), platform=_platform)
 
 
@@ -291,29 +271,67 @@ def _sumcumprod_jvp(primals, tangents):
     return _sumcumprod(x), sumcumprod_jvp_p.bind(x, dx, transpose=False)
 
 
-def sumcumprod(x: Float[Array | np.ndarray, "*batch n"]) -> Float[Array, "*batch n"]:
-    """`y[..., i] = sum_{j >= i} prod_{k=i..j} x[..., k]` along the last axis.
+def _axis(x: Array, axis) -> int:
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise TypeError(f"`axis` must be an int; got {type(axis).__name__}.")
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"`axis` {axis} is out of range for an array of rank {x.ndim} (shape {x.shape}).")
+    return int(axis) % x.ndim
 
-    Equal to `linear_recurrence(x, x, reverse=True)`. Runs the native kernels (one custom
-    call, also under `vmap`), and is closed under `jit`, `vmap` and every order of forward
-    and reverse differentiation; a Jacobian-vector or vector-Jacobian product is one
-    further native call that needs only `x` and no elementwise passes (`grad` of
-    `sum(sumcumprod(x))` compiles to that one call: XLA drops the unused forward).
-    `sumcumprod(jnp.ones(10))` is `[10, 9, ..., 1]`.
+
+def _along(fn, x: Array, axis: int) -> Array:
+    """`fn` (which works along the last axis) applied along `axis`."""
+    if axis == x.ndim - 1:
+        return fn(x)
+    return jnp.moveaxis(fn(jnp.moveaxis(x, axis, -1)), -1, axis)
+
+
+def sumcumprod(
+    x: Float[Array | np.ndarray, "*batch n"], axis: int = -1, reverse: bool = True
+) -> Float[Array, "*batch n"]:
+    """`y[..., i] = sum_{j >= i} prod_{k=i..j} x[..., k]` along `axis` (`reverse=True`,
+    the default), or the forward form `y[..., i] = sum_{j <= i} prod_{k=j..i} x[..., k]`
+    (`reverse=False`, the same recurrence run the other way).
+
+    Equal to `linear_recurrence(x, x, reverse=reverse)` along `axis`. Runs the native
+    kernels (one custom call, also under `vmap`), and is closed under `jit`, `vmap` and
+    every order of forward and reverse differentiation. In the reverse form a
+    Jacobian-vector or vector-Jacobian product is one further native call that needs only
+    `x` (`grad` of `sum(sumcumprod(x))` compiles to that one call: XLA drops the unused
+    forward); the forward form differentiates through the recurrence's own rules.
+    `sumcumprod(jnp.ones(10))` is `[10, 9, ..., 1]`. An `axis` other than the last costs
+    two transposes.
 
     **Arguments:**
 
-    - `x`: shape `(..., n)`, float32 or float64; leading axes are batch axes.
+    - `x`: float32 or float64, at least one axis; the other axes are batch axes.
+    - `axis`: the axis the recurrence runs along (default: the last).
+    - `reverse`: a Python bool, the direction (default: from the end, as above).
 
     **Returns:**
 
     An array of the shape and dtype of `x`.
     """
     x = _check_float("x", x)
-    return _sumcumprod(x)
+    if not isinstance(reverse, (bool, np.bool_)):
+        raise TypeError(f"`reverse` must be a Python bool; got {type(reverse).__name__}.")
+    axis = _axis(x, axis)
+    if reverse:
+        return _along(_sumcumprod, x, axis)
+    return _along(lambda v: linear_recurrence_p.bind(v, v, reverse=False), x, axis)
 
 
-def sumcumprod_reference(x: Float[Array | np.ndarray, "*batch n"]) -> Float[Array, "*batch n"]:
+def sumcumprod_reference(
+    x: Float[Array | np.ndarray, "*batch n"], axis: int = -1, reverse: bool = True
+) -> Float[Array, "*batch n"]:
     """Pure-JAX `sumcumprod` (associative scan); the reference the native op is tested on."""
     x = _check_float("x", x)
-    return linear_recurrence_reference(x, x, reverse=True)
+    return _along(lambda v: linear_recurrence_reference(v, v, reverse=bool(reverse)), x, _axis(x, axis))
+
+
+def __getattr__(name: str):
+    # `NATIVE_PLATFORMS` is computed on first access: it needs a backend, which importing
+    # eqgp must not start.
+    if name == "NATIVE_PLATFORMS":
+        return native_platforms()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

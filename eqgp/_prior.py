@@ -4,6 +4,7 @@ operator (kernel + noise) and the residual `y - m`."""
 from collections.abc import Callable
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
@@ -76,5 +77,21 @@ def prior(kernel, mean: Callable, noise: tuple[Array, ...], obs: Observations) -
     cov = Covariance(kernel, tuple((g.operator, g.X) for g in obs.groups), diag)
     m = jnp.concatenate([group_mean(mean, g.operator, g.X) for g in obs.groups])
     y = obs.flat_targets()
+    # Value problems are only visible at run time (under jit too): check where they enter.
     y = eqx.error_if(y, ~jnp.all(jnp.isfinite(y)), "eqgp: the observation targets hold NaN or inf.")
+    y = eqx.error_if(
+        y,
+        ~jnp.all(jnp.stack([jnp.all(jnp.isfinite(g.X)) for g in obs.groups])),
+        "eqgp: the observation points `X` hold NaN or inf.",
+    )
+    y = eqx.error_if(y, ~_all_finite(kernel), "eqgp: a kernel hyper-parameter is NaN or inf (diverged training?).")
+    y = eqx.error_if(y, ~_all_finite(mean), "eqgp: a mean-function parameter is NaN or inf.")
+    y = eqx.error_if(
+        y, ~jnp.all(jnp.isfinite(diag)) | jnp.any(diag < 0), "eqgp: the noise variance is NaN, inf or negative."
+    )
     return cov, y - m
+
+
+def _all_finite(tree) -> Array:
+    leaves = jax.tree.leaves(eqx.filter(tree, eqx.is_inexact_array))
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])) if leaves else jnp.asarray(True)

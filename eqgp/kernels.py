@@ -3,8 +3,11 @@
 from ._kernels import (
     RBF as RBF,
     AbstractKernel as AbstractKernel,
+    AbstractLengthscaleKernel as AbstractLengthscaleKernel,
+    AbstractMatern as AbstractMatern,
     AbstractStationaryKernel as AbstractStationaryKernel,
     AbstractVarianceKernel as AbstractVarianceKernel,
+    ActiveDims as ActiveDims,
     Constant as Constant,
     Linear as Linear,
     Matern12 as Matern12,

@@ -1,3 +1,3 @@
-"""Equinox layers."""
+"""Equinox layers built on eqgp's native operations (`SumCumProd`)."""
 
 from ._nn import SumCumProd as SumCumProd

@@ -1,7 +1,8 @@
 """Gradient-enhanced GP past the dense wall: N (D + 1) rows with the matrix-free solver.
 
-Default: N = 1 000 points in D = 99 with values and gradients, 100 000 rows (the dense matrix
-would need 80 GB). A few Adam steps on the hyper-parameters, then predictions with variances
+Default: N = 100 points in D = 999 with values and gradients, 100 000 rows (the dense matrix
+would need 80 GB): the shape of an adjoint-based design study, where each expensive solve
+gives a value and a 1 000-long gradient. A few Adam steps on the hyper-parameters, then predictions with variances
 along a line through the domain; writes `large_scale.png`. `--points` and `--dim` shrink it.
 """
 
@@ -28,8 +29,8 @@ def f(x):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--points", type=int, default=1000)
-    parser.add_argument("--dim", type=int, default=99)
+    parser.add_argument("--points", type=int, default=100)
+    parser.add_argument("--dim", type=int, default=999)
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
     N, D = args.points, args.dim

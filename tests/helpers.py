@@ -1,8 +1,11 @@
 """Shared tolerances and independent references for the tests."""
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
+
+from eqgp import kernels
 
 TOL = {jnp.float32: dict(rtol=2e-4, atol=2e-5), jnp.float64: dict(rtol=1e-10, atol=1e-12)}
 
@@ -63,3 +66,30 @@ def sumcumprod_quadratic(x):
 def jit_roundtrip(tree):
     """A pytree passed through jit unchanged."""
     return eqx.filter_jit(lambda t: t)(tree)
+
+
+# Every built-in kernel and composite, on D = 3 inputs: the kernel fixtures of the suite.
+D = 3
+ALL_KERNELS = {
+    "rbf": lambda: kernels.RBF([0.7, 1.1, 1.6], variance=1.3),
+    "m12": lambda: kernels.Matern12(0.9),
+    "m32": lambda: kernels.Matern32([0.8, 1.2, 1.0]),
+    "m52": lambda: kernels.Matern52([0.8, 1.2, 1.0], variance=0.7),
+    "rq": lambda: kernels.RationalQuadratic(1.1, alpha=0.8),
+    "periodic": lambda: kernels.Periodic(1.2, period=[2.0, 2.5, 3.0]),
+    "linear": lambda: kernels.Linear(0.5),
+    "poly": lambda: kernels.Polynomial(3, variance=0.4, offset=0.6),
+    "constant": lambda: kernels.Constant(2.0),
+    "white": lambda: kernels.White(0.3),
+    "sum": lambda: kernels.RBF(1.0) + kernels.Matern52(2.0),
+    "product": lambda: kernels.RBF(1.0) * kernels.Periodic(1.0, period=2.0),
+    "scaled": lambda: 2.5 * kernels.RationalQuadratic(0.9),
+    "builtin_sum": lambda: sum([kernels.RBF(0.5), kernels.Linear(0.2), kernels.Constant(0.1)]),
+    "warped": lambda: kernels.Warped(
+        kernels.Matern52(1.0), eqx.nn.MLP(D, D, 4, 1, activation=jnp.tanh, key=jax.random.key(0))
+    ),
+}
+
+
+def points(n, dtype=jnp.float64, seed=0):
+    return jax.random.uniform(jax.random.key(seed), (n, D), dtype, -1.5, 1.5)

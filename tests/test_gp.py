@@ -2,7 +2,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from helpers import assert_close
 
@@ -27,7 +26,8 @@ def _data(n=12, seed=0):
 
 def _gpytorch_model():
     h = REF["nlml_hypers"]
-    gp = eqgp.GaussianProcess(kernels.RBF(h[2:4], variance=h[1]), mean=float(h[0]), noise=[h[4:7]])
+    # The reference noise values are the variances used: no floor on top.
+    gp = eqgp.GaussianProcess(kernels.RBF(h[2:4], variance=h[1]), mean=float(h[0]), noise=[h[4:7]], noise_floor=0.0)
     Y = REF["nlml_Y_interleaved"]
     obs = eqgp.Observations.values_and_gradients(jnp.asarray(REF["nlml_X"]), Y[:, 0], Y[:, 1:])
     return gp, obs
@@ -150,9 +150,9 @@ def test_mean_module_enters_derivative_observations():
 
 def test_non_pd_raises_clear_error_under_jit():
     X = jnp.zeros((3, 1))
-    gp = eqgp.GaussianProcess(kernels.RBF(1.0), noise=1e-30)  # duplicate points, no noise
+    gp = eqgp.GaussianProcess(kernels.RBF(1.0), noise=1e-30, noise_floor=0.0)  # duplicate points, no noise
     obs = eqgp.Observations.values(X, jnp.zeros(3))
-    with pytest.raises(Exception, match="raise the jitter|Raise the jitter"):
+    with pytest.raises(Exception, match="Cholesky factorisation of the observation covariance failed.*Raise the jitter"):
         eqx.filter_jit(lambda m: m.log_marginal_likelihood(obs))(gp).block_until_ready()
 
 
@@ -188,31 +188,3 @@ def test_float32_end_to_end():
 def post_ok(post, X):
     m = post.mean(X, eqgp.Gradient())
     return m.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(m)))
-
-
-# optax's bias correction (decay ** count, float ** int32) is not strict-promotion clean.
-@jax.numpy_dtype_promotion("standard")
-def test_fit_and_user_loop_agree_and_improve():
-    X, y, G = _data(12)
-    obs = eqgp.Observations.values_and_gradients(X, y, G)
-    gp0 = eqgp.GaussianProcess(kernels.RBF(0.3), noise=1e-2)
-
-    def loss(m, obs):
-        return -m.log_marginal_likelihood(obs)
-
-    gp1, losses = eqgp.fit(gp0, loss, optax.adam(5e-2), 40, obs, progress=False)
-    assert losses.shape == (40,) and float(losses[-1]) < float(losses[0])
-
-    opt = optax.adam(5e-2)
-    state = opt.init(eqx.filter(gp0, eqx.is_inexact_array))
-
-    @eqx.filter_jit
-    def step(m, state):
-        v, g = eqx.filter_value_and_grad(loss)(m, obs)
-        u, state = opt.update(g, state, eqx.filter(m, eqx.is_inexact_array))
-        return eqx.apply_updates(m, u), state, v
-
-    m = gp0
-    for _ in range(40):
-        m, state, _ = step(m, state)
-    assert_close(m.kernel.lengthscale, gp1.kernel.lengthscale, rtol=1e-10)

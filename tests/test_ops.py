@@ -4,6 +4,7 @@ import warnings
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import jaxtyping
 import numpy as np
 import pytest
 from helpers import assert_close, sumcumprod_quadratic, tol
@@ -138,7 +139,7 @@ def test_fused_jacobian_products_match_reference(dtype, shape, transpose):
     kx, kt = jax.random.split(jax.random.key(21))
     x = jax.random.uniform(kx, shape, dtype, 0.2, 1.05)
     t = jax.random.normal(kt, shape, dtype)
-    out = eqgp.ops.sumcumprod_jvp_p.bind(x, t, transpose=transpose)
+    out = eqgp._ops.sumcumprod_jvp_p.bind(x, t, transpose=transpose)
     assert out.shape == shape and out.dtype == dtype
     assert_close(out, _jacobian_product_reference(x, t, transpose), **tol(dtype))
 
@@ -153,7 +154,7 @@ def test_fused_jacobian_products_scratch(dtype, shape):
     x = jax.random.uniform(kx, shape, dtype, 0.2, 1.0)
     t = jax.random.normal(kt, shape, dtype)
     for transpose in (False, True):
-        got = eqgp.ops.sumcumprod_jvp_p.bind(x, t, transpose=transpose)
+        got = eqgp._ops.sumcumprod_jvp_p.bind(x, t, transpose=transpose)
         ref = _jacobian_product_reference(x.astype(jnp.float64), t.astype(jnp.float64), transpose)
         rtol = tol(dtype)["rtol"]
         assert_close(got, ref, rtol=rtol, atol=rtol * float(jnp.abs(ref).max()))
@@ -172,7 +173,7 @@ def test_large_outputs_streamed(dtype, shape):
     assert_close(sumcumprod(x), jax.jit(sumcumprod_reference)(x), rtol=rtol)
     for transpose in (False, True):
         ref = _jacobian_product_reference(x, t, transpose)
-        got = eqgp.ops.sumcumprod_jvp_p.bind(x, t, transpose=transpose)
+        got = eqgp._ops.sumcumprod_jvp_p.bind(x, t, transpose=transpose)
         assert_close(got, ref, rtol=rtol, atol=rtol * float(jnp.abs(ref).max()))
 
 
@@ -191,7 +192,7 @@ def test_float32_row_blocks_and_edges(shape):
     assert_close(sumcumprod(x), jax.jit(sumcumprod_reference)(x64), rtol=2e-5)
     for transpose in (False, True):
         ref = _jacobian_product_reference(x64, t64, transpose)
-        got = eqgp.ops.sumcumprod_jvp_p.bind(x, t, transpose=transpose)
+        got = eqgp._ops.sumcumprod_jvp_p.bind(x, t, transpose=transpose)
         assert_close(got, ref, rtol=2e-5, atol=2e-5 * float(jnp.abs(ref).max()))
 
 
@@ -199,8 +200,8 @@ def test_fused_jacobian_products_are_adjoint():
     kx, kt, ks = jax.random.split(jax.random.key(22), 3)
     x = jax.random.uniform(kx, (3, 40), jnp.float64, 0.2, 1.05)
     t, s = jax.random.normal(kt, (2, 3, 40), jnp.float64)
-    jt = eqgp.ops.sumcumprod_jvp_p.bind(x, t, transpose=False)
-    jts = eqgp.ops.sumcumprod_jvp_p.bind(x, s, transpose=True)
+    jt = eqgp._ops.sumcumprod_jvp_p.bind(x, t, transpose=False)
+    jts = eqgp._ops.sumcumprod_jvp_p.bind(x, s, transpose=True)
     assert_close(jnp.vdot(jt, s), jnp.vdot(t, jts), rtol=1e-12)
     dense = jax.jacfwd(sumcumprod_reference)(x[0])  # (n, n)
     assert_close(jt[0], dense @ t[0], rtol=1e-12)
@@ -215,7 +216,7 @@ def test_fused_jacobian_product_vmap(in_axes):
     # An unbatched operand is one row, shared by every batch element.
     operands = [v if ax is not None else v[0] for v, ax in zip((x, t), in_axes)]
     for transpose in (False, True):
-        f = functools.partial(eqgp.ops.sumcumprod_jvp_p.bind, transpose=transpose)
+        f = functools.partial(eqgp._ops.sumcumprod_jvp_p.bind, transpose=transpose)
         got = jax.vmap(f, in_axes=in_axes)(*operands)
         size = next(v.shape[ax] for v, ax in zip(operands, in_axes) if ax is not None)
         ref = [
@@ -300,3 +301,48 @@ def test_jacobian_product_fallback_formula(transpose):
     t = jax.random.normal(kt, (3, 2, 33), jnp.float64)
     got = jax.jit(ops._scp_jvp_reference, static_argnames="transpose")(x, t, transpose=transpose)
     assert_close(got, _jacobian_product_reference(x, t, transpose), rtol=1e-12)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1, -3])
+@pytest.mark.parametrize("reverse", [True, False])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_sumcumprod_axis_and_direction(axis, reverse, dtype):
+    x = jax.random.uniform(jax.random.key(1), (3, 5, 6), dtype, -1.2, 1.2)
+    ref = functools.partial(eqgp.ops.sumcumprod_reference, axis=axis, reverse=reverse)
+    op = functools.partial(eqgp.ops.sumcumprod, axis=axis, reverse=reverse)
+    assert_close(op(x), ref(x), **tol(dtype))
+    # Independent closed form: the explicit double sum along the axis.
+    xm = np.moveaxis(np.asarray(x, np.float64), axis, -1)
+    n = xm.shape[-1]
+    want = np.zeros_like(xm)
+    for i in range(n):
+        for j in range(n):
+            lo, hi = (i, j) if reverse else (j, i)
+            if lo <= hi and ((reverse and j >= i) or (not reverse and j <= i)):
+                want[..., i] += np.prod(xm[..., lo : hi + 1], axis=-1)
+    assert_close(op(x), np.moveaxis(want, -1, axis), **tol(dtype))
+    f = lambda v: jnp.sum(jnp.sin(op(v)))  # noqa: E731
+    g = lambda v: jnp.sum(jnp.sin(ref(v)))  # noqa: E731
+    assert_close(jax.grad(f)(x), jax.grad(g)(x), **tol(dtype))
+    layer = eqgp.nn.SumCumProd(axis=axis, reverse=reverse)
+    assert_close(eqx.filter_jit(layer)(x), ref(x), **tol(dtype))
+
+
+def test_sumcumprod_axis_and_direction_are_checked():
+    x = jnp.ones((2, 3))
+    with pytest.raises(ValueError, match="`axis` 2 is out of range for an array of rank 2"):
+        eqgp.ops.sumcumprod(x, axis=2)
+    # Under the suite's jaxtyping/beartype hook the annotations are checked first.
+    with pytest.raises((TypeError, jaxtyping.TypeCheckError), match="`axis` must be an int|parameter 'axis'"):
+        eqgp.ops.sumcumprod(x, axis=1.0)
+    with pytest.raises(
+        (TypeError, jaxtyping.TypeCheckError), match="`reverse` must be a Python bool|parameter 'reverse'"
+    ):
+        eqgp.ops.sumcumprod(x, reverse="yes")
+
+
+def test_native_platforms_are_those_present():
+    assert eqgp.ops.NATIVE_PLATFORMS == eqgp.ops.native_platforms()
+    has_gpu = any(d.platform == "gpu" for d in jax.devices())
+    assert ("cuda" in eqgp.ops.NATIVE_PLATFORMS) == (has_gpu and "cuda" in eqgp._native.BUILT_PLATFORMS)
+    assert not hasattr(eqgp.ops, "linear_recurrence_p") and not hasattr(eqgp.ops, "sumcumprod_jvp_p")

@@ -1,0 +1,69 @@
+// Memory on the CPU side of the handlers: how outputs are written and where scratch
+// comes from. Large buffers that XLA hands out are fresh mmaps (glibc serves them
+// outside its heaps, and XLA's pool threads allocate from per-thread arenas), so the
+// first write to each 4 KiB page faults: ~60 ms for 64 MiB here, more than the
+// recurrence itself. Asking for transparent huge pages on an output before writing
+// it makes that one fault per 2 MiB (what numpy does for its own large arrays).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+namespace eqgp::cpu {
+
+// Outputs from this size up are written with non-temporal stores: they would not
+// stay in cache for the consumer anyway (L2 is 1-2 MiB a core, L3 tens of MiB).
+constexpr size_t kStreamBytes = size_t{16} << 20;
+inline bool StreamOutput(size_t bytes) { return bytes >= kStreamBytes; }
+
+// Outputs from this size up get madvise(MADV_HUGEPAGE) on their 2 MiB-aligned interior
+// before the first write. Harmless where the pages are already there (a reused buffer)
+// or where THP is off; ignored errors (the hint is best effort).
+constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kAdviseBytes = 2 * kHugePage;
+
+inline void AdviseHugePages(void* data, size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (bytes < kAdviseBytes) return;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t lo = (begin + kHugePage - 1) & ~(uintptr_t{kHugePage} - 1);
+  const uintptr_t hi = (begin + bytes) & ~(uintptr_t{kHugePage} - 1);
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+#else
+  (void)data;
+  (void)bytes;
+#endif
+}
+
+// A per-thread buffer reused across calls: a fresh one would be page-faulted on
+// every call. Requests above kScratchKeep elements get a buffer of their own, so
+// one huge call does not pin its memory to a pool thread for good.
+constexpr size_t kScratchKeep = size_t{1} << 21;
+
+template <typename T>
+class Scratch {
+ public:
+  explicit Scratch(size_t count) {
+    if (count > kScratchKeep) {
+      own_.reset(new T[count]);
+      data_ = own_.get();
+      return;
+    }
+    thread_local std::vector<T> kept;
+    if (kept.size() < count) kept.resize(count);
+    data_ = kept.data();
+  }
+  T* data() const { return data_; }
+
+ private:
+  std::unique_ptr<T[]> own_;
+  T* data_ = nullptr;
+};
+
+}  // namespace eqgp::cpu

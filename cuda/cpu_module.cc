@@ -1,0 +1,40 @@
+// pybind11 module handing eqgp's CPU FFI handlers to Python as PyCapsules, and
+// taking the LAPACK routines the Cholesky inverse calls.
+#include <type_traits>
+
+#include <pybind11/pybind11.h>
+
+#include "cpu_cholesky_inverse.h"
+#include "xla/ffi/api/api.h"
+#include "xla/ffi/api/c_api.h"
+
+namespace py = pybind11;
+
+XLA_FFI_DECLARE_HANDLER_SYMBOL(EqgpLinearRecurrenceCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(EqgpSumcumprodJvpCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(EqgpCholeskyInverseCpu);
+
+template <typename T>
+py::capsule EncapsulateFfiHandler(T* fn) {
+  static_assert(std::is_invocable_r_v<XLA_FFI_Error*, T, XLA_FFI_CallFrame*>,
+                "Encapsulated function must be an XLA FFI handler");
+  return py::capsule(reinterpret_cast<void*>(fn));
+}
+
+PYBIND11_MODULE(_native_cpu, m) {
+  m.doc() = "eqgp CPU XLA FFI handlers";
+  m.def("registrations", []() {
+    py::dict d;
+    d["eqgp_linear_recurrence"] = EncapsulateFfiHandler(EqgpLinearRecurrenceCpu);
+    d["eqgp_sumcumprod_jvp"] = EncapsulateFfiHandler(EqgpSumcumprodJvpCpu);
+    d["eqgp_cholesky_inverse"] = EncapsulateFfiHandler(EqgpCholeskyInverseCpu);
+    return d;
+  });
+  // spotri and dpotri as the PyCapsules of scipy.linalg.cython_lapack.__pyx_capi__.
+  m.def("set_lapack", [](py::capsule spotri, py::capsule dpotri) {
+    void* s = PyCapsule_GetPointer(spotri.ptr(), PyCapsule_GetName(spotri.ptr()));
+    void* d = s == nullptr ? nullptr : PyCapsule_GetPointer(dpotri.ptr(), PyCapsule_GetName(dpotri.ptr()));
+    if (s == nullptr || d == nullptr) throw py::error_already_set();
+    EqgpSetLapackPotri(s, d);
+  });
+}
