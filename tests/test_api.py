@@ -20,8 +20,8 @@ PUBLIC = {
         "AbstractVarianceKernel", "Constant", "Linear", "Matern12", "Matern32", "Matern52", "Periodic",
         "Polynomial", "Product", "RBF", "RationalQuadratic", "Sum", "Warped", "White",
     ],
-    "eqgp.ops": ["linear_recurrence", "linear_recurrence_reference", "native_platforms", "reuse_large_buffers", "sumcumprod",
-                 "sumcumprod_reference"],
+    "eqgp.ops": ["linear_recurrence", "linear_recurrence_reference", "native_platforms", "reuse_large_buffers",
+                 "sumcumprod", "sumcumprod_reference"],
     "eqgp.nn": ["SumCumProd"],
 }  # fmt: skip
 MODULES = {"eqgp": eqgp, "eqgp.kernels": eqgp.kernels, "eqgp.ops": eqgp.ops, "eqgp.nn": eqgp.nn}

@@ -152,7 +152,9 @@ def test_non_pd_raises_clear_error_under_jit():
     X = jnp.zeros((3, 1))
     gp = eqgp.GaussianProcess(kernels.RBF(1.0), noise=1e-30, noise_floor=0.0)  # duplicate points, no noise
     obs = eqgp.Observations.values(X, jnp.zeros(3))
-    with pytest.raises(Exception, match="Cholesky factorisation of the observation covariance failed.*Raise the jitter"):
+    with pytest.raises(
+        Exception, match="Cholesky factorisation of the observation covariance failed.*Raise the jitter"
+    ):
         eqx.filter_jit(lambda m: m.log_marginal_likelihood(obs))(gp).block_until_ready()
 
 

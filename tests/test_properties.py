@@ -1,0 +1,554 @@
+# ruff: noqa: E501 -- the catalogue of invalid cases reads best one case per line
+"""Property-based tests (hypothesis) of the public entry points.
+
+Profiles (tests/conftest.py): `ci` (default; the counts below) and `long`
+(`HYPOTHESIS_PROFILE=long pytest tests/test_properties.py`, ten times as many examples).
+
+- `sumcumprod` (1 010 examples under ci): random ranks 1-4, last-axis lengths 0-70, float32/float64, non-contiguous
+  layouts, zeros, negatives, inf and NaN, under jit / vmap over any axis / nested vmap /
+  jvp / grad / jacfwd / jacrev, against an independent float64 numpy recurrence.
+- The GP API: random kernels, observation groups (any operator the kernel's smoothness
+  allows, empty groups included) and D, against a dense reference built from the kernel's
+  derivative "jet" by nested `jax.jacfwd` alone (no eqgp operator code), for the gram, the
+  matrix-free product and the exact NLML; random invalid inputs must raise an error that
+  names the offending argument.
+- Every kernel and composite: gradient grams symmetric PSD, derivative blocks within 1e-6
+  of central finite differences at random and coincident points.
+"""
+
+import itertools
+import math
+import re
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jaxtyping
+import numpy as np
+import optax
+import pytest
+from helpers import ALL_KERNELS, fd_cross_cov
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import eqgp
+from eqgp import kernels
+from eqgp.ops import sumcumprod, sumcumprod_reference
+
+SCALE = settings().max_examples / 100  # 1 under the ci profile, 10 under long
+
+
+def examples(n: int):
+    return settings(
+        max_examples=max(1, int(n * SCALE)),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# sumcumprod
+
+
+def _recurrence(x: np.ndarray, axis: int, reverse: bool) -> np.ndarray:
+    """z_i = x_i z_{i+1} + x_i (reverse) in float64 numpy, with the op's operation order
+    (so NaN/inf land where the op's do), and the same recurrence on |x| (an error bound)."""
+    xm = np.moveaxis(np.asarray(x, np.float64), axis, -1)
+    z = np.zeros_like(xm)
+    bound = np.zeros_like(xm)
+    acc = np.zeros(xm.shape[:-1])
+    accb = np.zeros(xm.shape[:-1])
+    n = xm.shape[-1]
+    with np.errstate(all="ignore"):
+        for i in range(n - 1, -1, -1) if reverse else range(n):
+            acc = xm[..., i] * acc + xm[..., i]
+            accb = np.abs(xm[..., i]) * accb + np.abs(xm[..., i])
+            z[..., i], bound[..., i] = acc, accb
+    return np.moveaxis(z, -1, axis), np.moveaxis(bound, -1, axis)
+
+
+def _check_same(got, want, bound, dtype, n):
+    got = np.asarray(got, np.float64)
+    finite = np.isfinite(want)
+    assert np.array_equal(np.isnan(got), np.isnan(want)), "NaN in different places"
+    assert np.array_equal(got[np.isinf(want)], want[np.isinf(want)]), "inf in different places"
+    eps = np.finfo(dtype).eps
+    tol = 8 * (n + 2) * eps * np.where(np.isfinite(bound), bound, 0.0) + np.finfo(dtype).tiny
+    err = np.abs(got - want)
+    assert np.all(err[finite] <= tol[finite]), float(np.max((err - tol)[finite]))
+
+
+_SPECIAL = [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan]
+
+
+@st.composite
+def _arrays(draw, finite: bool = False, max_len: int = 70, max_rank: int = 4):
+    dtype = draw(st.sampled_from([np.float32, np.float64]))
+    rank = draw(st.integers(1, max_rank))
+    lead = draw(st.lists(st.integers(0, 4), min_size=rank - 1, max_size=rank - 1))
+    n = draw(st.integers(0, max_len))
+    shape = (*lead, n)
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1.3, 1.3, shape)
+    if not finite and x.size and draw(st.booleans()):
+        mask = rng.random(shape) < 0.1
+        x[mask] = rng.choice(_SPECIAL, size=int(mask.sum()))
+    elif x.size and draw(st.booleans()):
+        x[rng.random(shape) < 0.1] = 0.0
+    layout = draw(st.sampled_from(["contiguous", "transposed", "strided", "broadcast"]))
+    return x.astype(dtype), layout
+
+
+def _laid_out(x: np.ndarray, layout: str):
+    """The same values as `x`, reached through a non-contiguous view inside the jit."""
+    if layout == "transposed":
+        return jnp.asarray(np.ascontiguousarray(np.swapaxes(x, 0, -1))), lambda v: jnp.swapaxes(v, 0, -1)
+    if layout == "strided":
+        big = np.repeat(x, 2, axis=-1)
+        return jnp.asarray(big), lambda v: v[..., ::2]
+    if layout == "broadcast" and x.ndim >= 2:
+        return jnp.asarray(x[:1]), lambda v: jnp.broadcast_to(v, x.shape)
+    return jnp.asarray(x), lambda v: v
+
+
+@examples(820)
+@given(data=_arrays(), reverse=st.booleans(), how=st.sampled_from(["eager", "jit", "vmap", "vmap2"]))
+def test_sumcumprod_matches_the_recurrence(data, reverse, how):
+    x, layout = data
+    if layout == "broadcast" and x.ndim >= 2:
+        x = np.broadcast_to(x[:1], x.shape).copy()
+    n = x.shape[-1]
+    want, bound = _recurrence(x, -1, reverse)
+    arg, view = _laid_out(x, layout)
+    op = lambda v: sumcumprod(view(v), reverse=reverse)  # noqa: E731
+    if how == "eager":
+        got = sumcumprod(jnp.asarray(x), reverse=reverse)
+    elif how == "jit":
+        got = jax.jit(op)(arg)
+    elif x.ndim >= 2 and how == "vmap":  # over a random leading axis
+        ax = int(np.random.default_rng(x.size).integers(0, x.ndim - 1))
+        got = jnp.moveaxis(jax.vmap(lambda r: sumcumprod(r, reverse=reverse), in_axes=ax)(jnp.asarray(x)), 0, ax)
+    elif x.ndim >= 3 and how == "vmap2":
+        got = jax.vmap(jax.vmap(lambda r: sumcumprod(r, reverse=reverse)))(jnp.asarray(x))
+    else:
+        got = jax.jit(op)(arg)
+    assert got.dtype == x.dtype and got.shape == x.shape
+    _check_same(got, want, bound, x.dtype, n)
+
+
+@examples(150)
+@given(data=_arrays(finite=True, max_len=12, max_rank=3), axis=st.integers(-3, 2), reverse=st.booleans())
+def test_sumcumprod_axis_matches_the_recurrence(data, axis, reverse):
+    x, _ = data
+    if not -x.ndim <= axis < x.ndim:
+        with pytest.raises(ValueError, match="`axis`"):
+            sumcumprod(jnp.asarray(x), axis=axis)
+        return
+    want, bound = _recurrence(x, axis, reverse)
+    _check_same(sumcumprod(jnp.asarray(x), axis=axis, reverse=reverse), want, bound, x.dtype, x.shape[axis])
+
+
+@examples(40)
+@given(
+    data=_arrays(finite=True, max_len=9, max_rank=2),
+    reverse=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+    how=st.sampled_from(["jvp", "grad", "jacfwd", "jacrev"]),
+)
+def test_sumcumprod_derivatives_match_the_reference(data, reverse, seed, how):
+    x, _ = data
+    x = jnp.asarray(x)
+    ops = lambda v: sumcumprod(v, reverse=reverse)  # noqa: E731
+    ref = lambda v: sumcumprod_reference(v, reverse=reverse)  # noqa: E731
+    t = jax.random.normal(jax.random.key(seed), x.shape, x.dtype)
+    rtol, atol = (2e-4, 2e-4) if x.dtype == jnp.float32 else (1e-10, 1e-11)
+    transform = {
+        "jvp": lambda f: jax.jvp(f, (x,), (t,))[1],
+        "grad": lambda f: jax.grad(lambda v: jnp.sum(jnp.sin(f(v))))(x),
+        "jacfwd": lambda f: jax.jacfwd(f)(x),
+        "jacrev": lambda f: jax.jacrev(f)(x),
+    }[how]
+    np.testing.assert_allclose(np.asarray(transform(ops)), np.asarray(transform(ref)), rtol=rtol, atol=atol)
+
+
+# ---------------------------------------------------------------------------------------
+# The GP API against an independent dense reference
+
+
+@eqx.filter_jit
+def _jet(kernel, x1, x2):
+    """Covariances of [f, grad f, vec(hess f)] at x1 with the same at x2: nested jacfwd
+    of the scalar kernel only, shape (1 + D + D^2, 1 + D + D^2)."""
+    D = x1.shape[0]
+
+    def up_to_second(g, x):  # g: (D,) -> (...); returns [g, dg, d2g] stacked on axis 0
+        val = g(x)
+        d1 = jax.jacfwd(g)(x)
+        d2 = jax.jacfwd(jax.jacfwd(g))(x)
+        v = val.reshape(1, -1)
+        return jnp.concatenate(
+            [v, jnp.moveaxis(d1, -1, 0).reshape(D, -1), jnp.moveaxis(d2, (-2, -1), (0, 1)).reshape(D * D, -1)]
+        )
+
+    inner = lambda a: up_to_second(lambda b: kernel(a, b)[None], x2)[:, 0]  # noqa: E731
+    return up_to_second(inner, x1)
+
+
+def _selection(op, D):
+    """The rows of the jet an operator takes: a (P, 1 + D + D^2) matrix."""
+    J = 1 + D + D * D
+    E = np.eye(J)
+    if isinstance(op, eqgp.Value):
+        return E[:1]
+    if isinstance(op, eqgp.Gradient):
+        return E[1 : 1 + D]
+    if isinstance(op, eqgp.ValueAndGradient):
+        return E[: 1 + D]
+    if isinstance(op, eqgp.Partial):
+        return E[[1 + d for d in op.dims]]
+    if isinstance(op, eqgp.Directional):
+        S = np.zeros((op.directions.shape[0], J))
+        S[:, 1 : 1 + D] = np.asarray(op.directions)
+        return S
+    if isinstance(op, eqgp.Hessian):
+        I, K = op.pairs(D)
+        return E[[1 + D + i * D + k for i, k in zip(I, K)]]
+    raise AssertionError(op)
+
+
+def _dense_reference(kernel, groups):
+    blocks = []
+    for op1, X1 in groups:
+        row = []
+        for op2, X2 in groups:
+            D = X1.shape[1]
+            S1, S2 = _selection(op1, D), _selection(op2, D)
+            B = np.zeros((S1.shape[0], X1.shape[0], S2.shape[0], X2.shape[0]))
+            for i, j in itertools.product(range(X1.shape[0]), range(X2.shape[0])):
+                B[:, i, :, j] = S1 @ np.asarray(_jet(kernel, X1[i], X2[j])) @ S2.T
+            row.append(B.reshape(S1.shape[0] * X1.shape[0], S2.shape[0] * X2.shape[0]))
+        blocks.append(np.concatenate(row, axis=1))
+    return np.concatenate(blocks, axis=0)
+
+
+_GP_KERNELS = {
+    "rbf": lambda D: kernels.RBF(np.linspace(0.7, 1.3, D)),
+    "m32": lambda D: kernels.Matern32(1.1),
+    "m52": lambda D: kernels.Matern52(np.linspace(0.8, 1.2, D), variance=0.7),
+    "rq": lambda D: kernels.RationalQuadratic(0.9, alpha=1.5),
+    "sum": lambda D: kernels.RBF(1.0) + 0.5 * kernels.Matern52(1.4),
+    "product": lambda D: kernels.RBF(1.2) * kernels.Periodic(1.0, period=2.5),
+    "active": lambda D: kernels.ActiveDims(kernels.RBF(0.8), [D - 1]),
+}
+
+
+@st.composite
+def _problem(draw):
+    D = draw(st.integers(1, 3))
+    name = draw(st.sampled_from(sorted(_GP_KERNELS)))
+    kernel = _GP_KERNELS[name](D)
+    ops = [eqgp.Value(), eqgp.Gradient(), eqgp.ValueAndGradient()]
+    ops.append(eqgp.Partial(draw(st.permutations(range(D)))[: draw(st.integers(1, D))]))
+    ops.append(eqgp.Directional(np.asarray(draw(st.lists(st.floats(-1, 1), min_size=D, max_size=D)))))
+    if kernel.smoothness >= 2:
+        ops += [eqgp.Hessian(), eqgp.Hessian(diagonal=True)]
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    groups = []
+    for _ in range(draw(st.integers(1, 3))):
+        op = draw(st.sampled_from(ops))
+        N = draw(st.integers(0, 3))
+        X = rng.uniform(-1.5, 1.5, (N, D))
+        if N and groups and draw(st.booleans()) and groups[0][1].shape[0]:  # a coincident point
+            X[0] = groups[0][1][0]
+        groups.append((op, X))
+    if all(X.shape[0] == 0 for _, X in groups):
+        groups.append((eqgp.Value(), rng.uniform(-1.5, 1.5, (1, D))))
+    return kernel, groups, seed
+
+
+@examples(12)
+@given(problem=_problem())
+def test_gp_api_matches_the_dense_reference(problem):
+    kernel, groups, seed = problem
+    groups = [(op, jnp.asarray(X)) for op, X in groups]
+    ref = _dense_reference(kernel, groups)
+    K = eqgp.operator_gram(kernel, groups, groups)
+    np.testing.assert_allclose(np.asarray(K), ref, rtol=1e-9, atol=1e-11)
+    rng = np.random.default_rng(seed + 1)
+    R = ref.shape[0]
+    targets = [
+        rng.normal(size=(X.shape[0], op.size(X.shape[1]))) if op.size(X.shape[1]) > 1 else rng.normal(size=X.shape[0])
+        for op, X in groups
+    ]
+    obs = eqgp.Observations(*[(op, X, jnp.asarray(t)) for (op, X), t in zip(groups, targets)])
+    noise = 0.3
+    gp = eqgp.GaussianProcess(kernel, noise=noise, noise_floor=0.0)
+    A = ref + noise * np.eye(R)
+    y = np.asarray(obs.flat_targets())
+    sign, logdet = np.linalg.slogdet(A)
+    want = -0.5 * (y @ np.linalg.solve(A, y) + logdet + R * math.log(2 * math.pi))
+    np.testing.assert_allclose(float(gp.log_marginal_likelihood(obs)), want, rtol=1e-9)
+    cov = eqgp.Covariance(kernel, tuple(groups), jnp.full((R,), noise))
+    v = rng.normal(size=R)
+    np.testing.assert_allclose(np.asarray(cov.mv(jnp.asarray(v))), A @ v, rtol=1e-9, atol=1e-10)
+
+
+# Invalid inputs: a catalogue of mutations of a valid problem. Each case must raise an
+# error whose message names the offending argument (`name` below).
+
+
+def _valid(D=2, N=4):
+    X = np.random.default_rng(0).uniform(-1, 1, (N, D))
+    return X, np.sin(X[:, 0]), np.cos(X)
+
+
+def _invalid_cases():
+    cases = []
+    X, y, G = _valid()
+    # Points: rank, dtype, D mismatch.
+    for shape in [(), (4,), (4, 2, 1), (1, 4, 2)]:
+        cases.append((f"X shape {shape}", lambda s=shape: eqgp.Observations.values(np.ones(s), y), r"`X`"))
+    for dt in [np.int32, np.int64, np.bool_, np.complex64, np.float16, jnp.bfloat16]:
+        cases.append(
+            (
+                f"X dtype {np.dtype(dt).name}",
+                lambda dt=dt: eqgp.Observations.values(jnp.asarray(X).astype(dt), y),
+                r"`X`",
+            )
+        )
+    for d in [1, 3, 5]:
+        Z = np.ones((3, d))
+        cases.append(
+            (
+                f"group D {d}",
+                lambda Z=Z: eqgp.Observations((eqgp.Value(), X, y), (eqgp.Value(), Z, np.ones(3))),
+                r"dimension|`X`",
+            )
+        )
+    # Targets: every wrong shape around the right one, per operator.
+    for op, P in [(eqgp.Value(), 1), (eqgp.Gradient(), 2), (eqgp.ValueAndGradient(), 3), (eqgp.Hessian(), 3)]:
+        for shape in [
+            (3,),
+            (5,),
+            (4, P + 1),
+            (4, P - 1) if P > 1 else (4, 3),
+            (4, P, 1),
+            (),
+            (P, 4) if P != 4 else (5, 4),
+        ]:
+            if shape in [(4, P)] or (P == 1 and shape == (4,)):
+                continue
+            cases.append(
+                (
+                    f"targets {type(op).__name__} {shape}",
+                    lambda op=op, s=shape: eqgp.ObservationGroup(op, X, np.ones(s)),
+                    r"`targets`",
+                )
+            )
+        for dt in [np.int32, np.complex64]:
+            cases.append(
+                (
+                    f"targets dtype {np.dtype(dt).name} {type(op).__name__}",
+                    lambda op=op, dt=dt, P=P: eqgp.ObservationGroup(op, X, np.ones((4, P) if P > 1 else (4,), dt)),
+                    r"`targets`",
+                )
+            )
+    # Partial dims out of range / invalid; Directional of the wrong dimension.
+    for dims in [(2,), (0, 2), (5,), (3, 1)]:
+        cases.append(
+            (
+                f"Partial{dims} in D=2",
+                lambda dims=dims: eqgp.ObservationGroup(eqgp.Partial(dims), X, np.ones((4, len(dims)))),
+                r"dimension",
+            )
+        )
+    for dims in [(-1,), (0, 0), (), (1.5,)]:
+        cases.append((f"Partial{dims}", lambda dims=dims: eqgp.Partial(dims), r"`dims`"))
+    for v in [np.ones(3), np.ones((2, 3)), np.ones(1)]:
+        cases.append(
+            (
+                f"Directional {v.shape} in D=2",
+                lambda v=v: eqgp.ObservationGroup(eqgp.Directional(v), X, np.ones(4)),
+                r"dimension",
+            )
+        )
+    cases.append(("Directional rank 3", lambda: eqgp.Directional(np.ones((1, 2, 2))), r"`v`"))
+    # Known noise of a group: shape, sign, NaN/inf.
+    for n in [np.ones(2), np.ones((4,)), np.ones((1, 3)), -1.0, np.nan, np.inf, [0.1, -0.1, 0.1]]:
+        cases.append(
+            (
+                f"group noise {n!r}",
+                lambda n=n: eqgp.ObservationGroup(eqgp.ValueAndGradient(), X, np.ones((4, 3)), noise=n),
+                r"`noise`",
+            )
+        )
+    # Model noise: values and shapes.
+    for n in [0.0, -1e-3, np.nan, np.inf, np.ones((2, 2)), "a", []]:
+        cases.append((f"model noise {n!r}", lambda n=n: eqgp.GaussianProcess(kernels.RBF(), noise=n), r"`noise"))
+    for n in [[np.ones(4)], [0.1, 0.2]]:
+        cases.append(
+            (
+                f"noise entries {len(n)} vs groups",
+                lambda n=n: eqgp.GaussianProcess(kernels.RBF(), noise=n).log_marginal_likelihood(
+                    eqgp.Observations.values_and_gradients(X, y, G)
+                ),
+                r"noise",
+            )
+        )
+    for f in [-1.0, np.nan, "x"]:
+        cases.append(
+            (f"noise_floor {f!r}", lambda f=f: eqgp.GaussianProcess(kernels.RBF(), noise_floor=f), r"`noise_floor`")
+        )
+    # Hyper-parameters of every kernel: zero, negative, NaN, inf, wrong rank, not a number.
+    ctors = {
+        "RBF.lengthscale": lambda v: kernels.RBF(v),
+        "RBF.variance": lambda v: kernels.RBF(1.0, variance=v),
+        "Matern52.lengthscale": lambda v: kernels.Matern52(v),
+        "Matern32.variance": lambda v: kernels.Matern32(1.0, variance=v),
+        "RationalQuadratic.alpha": lambda v: kernels.RationalQuadratic(1.0, alpha=v),
+        "Periodic.period": lambda v: kernels.Periodic(1.0, period=v),
+        "Linear.variance": lambda v: kernels.Linear(v),
+        "Polynomial.offset": lambda v: kernels.Polynomial(2, offset=v),
+        "Constant.variance": lambda v: kernels.Constant(v),
+    }
+    for (name, ctor), v in itertools.product(ctors.items(), [0.0, -1.0, np.nan, np.inf, np.ones((2, 2)), "x"]):
+        field = name.split(".")[1]
+        cases.append((f"{name} = {v!r}", lambda ctor=ctor, v=v: ctor(v), rf"`{field}`"))
+    # ARD lengthscales of the wrong length at call time; Polynomial degree.
+    for ls in [[1.0, 2.0, 3.0], [1.0]]:
+        if len(ls) == 2:
+            continue
+        cases.append((f"ARD {len(ls)} in D=2", lambda ls=ls: eqgp.gram(kernels.RBF(ls), X, X), r"`lengthscale`"))
+    for deg in [0, -1, 1.5, True]:
+        cases.append((f"degree {deg!r}", lambda deg=deg: kernels.Polynomial(deg), r"`degree`"))
+    # Gram functions: kernel, layout, points.
+    for bad in [None, 1.0, "rbf", lambda a, b: 1.0]:
+        cases.append((f"kernel {bad!r}", lambda bad=bad: eqgp.gram(bad, X, X), r"`kernel`"))
+    for layout in ["block", "", None]:
+        cases.append(
+            (
+                f"layout {layout!r}",
+                lambda layout=layout: eqgp.gradient_gram(kernels.RBF(), X, X, layout=layout),
+                r"`layout`",
+            )
+        )
+    cases.append(("X2 D mismatch", lambda: eqgp.gram(kernels.RBF(), X, np.ones((3, 3))), r"`X2`"))
+    cases.append(("obs1 not pairs", lambda: eqgp.operator_gram(kernels.RBF(), [X], [(eqgp.Value(), X)]), r"`obs1"))
+    cases.append(("obs2 empty", lambda: eqgp.operator_gram(kernels.RBF(), [(eqgp.Value(), X)], []), r"`obs2`"))
+    # Posterior queries.
+    post = eqgp.GaussianProcess(kernels.RBF(), noise=1e-2).condition(eqgp.Observations.values_and_gradients(X, y, G))
+    for Xs in [np.ones((3, 3)), np.ones(3), np.ones((3, 2), np.int32), np.ones((3, 2), np.float32)]:
+        cases.append((f"Posterior X {Xs.shape} {Xs.dtype}", lambda Xs=Xs: post.mean(Xs), r"`X`"))
+    for g in [5, -1, 1.5, "0"]:
+        cases.append((f"noise_group {g!r}", lambda g=g: post.variance(X, noise_group=g), r"`noise_group"))
+    cases.append(
+        ("noise_group operator mismatch", lambda: post.variance(X, eqgp.Gradient(), noise_group=0), r"`noise_group")
+    )
+    cases.append(("operator not an operator", lambda: post.mean(X, "value"), r"`operator`"))
+    # Values only visible at run time, under jit: NaN/inf in X, targets, hyper-parameters.
+    gp = eqgp.GaussianProcess(kernels.RBF(), noise=1e-2)
+    lml = eqx.filter_jit(lambda m, o: m.log_marginal_likelihood(o))
+    for where, bad in itertools.product(["X", "y", "G"], [np.nan, np.inf]):
+
+        def run(where=where, bad=bad):
+            Xb, yb, Gb = X.copy(), y.copy(), G.copy()
+            {"X": Xb, "y": yb, "G": Gb}[where].flat[1] = bad
+            return lml(gp, eqgp.Observations.values_and_gradients(Xb, yb, Gb)).block_until_ready()
+
+        cases.append((f"jit {where} = {bad}", run, r"points `X`|targets"))
+    for leaf, bad in itertools.product(["raw_lengthscale", "raw_variance"], [np.nan, np.inf]):
+
+        def run(leaf=leaf, bad=bad):
+            m = eqx.tree_at(lambda m: getattr(m.kernel, leaf), gp, jnp.asarray(bad))
+            return lml(m, eqgp.Observations.values_and_gradients(X, y, G)).block_until_ready()
+
+        cases.append((f"jit kernel {leaf} = {bad}", run, r"kernel hyper-parameter"))
+    for bad in [np.nan, np.inf]:
+
+        def run(bad=bad):
+            m = eqx.tree_at(lambda m: m.raw_noise, gp, (jnp.asarray(bad),))
+            return lml(m, eqgp.Observations.values_and_gradients(X, y, G)).block_until_ready()
+
+        cases.append((f"jit noise = {bad}", run, r"noise variance"))
+    # Smoothness and kernel shape.
+    for k, op in [
+        (kernels.Matern12(), eqgp.Gradient()),
+        (kernels.Matern32(), eqgp.Hessian()),
+        (kernels.Matern12() + kernels.RBF(), eqgp.ValueAndGradient()),
+    ]:
+        cases.append(
+            (
+                f"{type(k).__name__} with {type(op).__name__}",
+                lambda k=k, op=op: eqgp.operator_gram(k, (op, X), (op, X)),
+                r"kernel \w+ is only",
+            )
+        )
+    # Solvers and fit options.
+    for kw in [dict(jitter=-1.0), dict(max_tries=-1), dict(max_tries=1.5)]:
+        cases.append((f"Cholesky {kw}", lambda kw=kw: eqgp.Cholesky(**kw), "`" + next(iter(kw)) + "`"))
+    for kw in [dict(rtol=-1.0), dict(max_steps=0), dict(num_probes=0), dict(on_failure="ignore")]:
+        cases.append(
+            (f"ConjugateGradient {kw}", lambda kw=kw: eqgp.ConjugateGradient(**kw), "`" + next(iter(kw)) + "`")
+        )
+    for steps in [-1, 1.5, True]:
+        cases.append(
+            (
+                f"fit steps {steps!r}",
+                lambda steps=steps: eqgp.fit(gp, lambda m: 0.0, optax.adam(1e-2), steps),
+                r"`steps`",
+            )
+        )
+    # sumcumprod.
+    for bad in [np.ones(3, np.int32), np.ones(3, np.complex64), np.float32(1.0), "x", jnp.ones(3, jnp.float16)]:
+        cases.append((f"sumcumprod {bad!r}", lambda bad=bad: sumcumprod(bad), r"`x`|parameter 'x'"))
+    return cases
+
+
+_CASES = _invalid_cases()
+
+
+def test_the_catalogue_has_150_distinct_invalid_cases():
+    assert len({name for name, _, _ in _CASES}) == len(_CASES) >= 150
+
+
+@examples(len(_CASES))
+@given(index=st.sampled_from(range(len(_CASES))))
+def test_invalid_inputs_raise_errors_naming_the_argument(index):
+    name, fn, pattern = _CASES[index]
+    with pytest.raises(Exception) as info:  # noqa: PT011 - the message is what is checked
+        fn()
+    text = str(info.value)
+    if isinstance(info.value, jaxtyping.TypeCheckError):  # the suite's beartype hook spoke first:
+        hooked = re.search(r"parameter '(\w+)'", text)  # it must name the same argument
+        assert hooked and hooked.group(1) in pattern, f"{name}: {text[:400]}"
+        return
+    assert re.search(pattern, text), f"{name}: {type(info.value).__name__}: {text[:400]}"
+
+
+# ---------------------------------------------------------------------------------------
+# Every kernel and composite
+
+
+@examples(100)
+@given(
+    name=st.sampled_from(sorted(set(ALL_KERNELS) - {"m12", "white"})),
+    seed=st.integers(0, 2**31 - 1),
+    coincident=st.booleans(),
+)
+def test_kernels_gradient_grams_are_psd_and_match_finite_differences(name, seed, coincident):
+    kernel = ALL_KERNELS[name]()
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-1.5, 1.5, (4, 3))
+    G = np.asarray(eqgp.gradient_gram(kernel, jnp.asarray(X), jnp.asarray(X)))
+    np.testing.assert_allclose(G, G.T, rtol=1e-10, atol=1e-12)
+    ev = np.linalg.eigvalsh(G)
+    assert ev.min() >= -1e-8 * max(ev.max(), 1.0)
+    x1 = X[0]
+    x2 = X[0].copy() if coincident else X[1]
+    blocks = np.asarray(eqgp.gradient_gram(kernel, jnp.asarray(x1[None]), jnp.asarray(x2[None]), layout="interleaved"))
+    # A once-differentiable process (Matérn-3/2) has a cusp in d2k/dx1dx2 at r = 0, where
+    # central differences converge only at O(step) = 1e-4 (its exact value there is checked
+    # against the closed form 3 / l^2 in test_gram).
+    tol = 2e-3 if coincident and kernel.smoothness < 2 else 1e-6
+    np.testing.assert_allclose(blocks, fd_cross_cov(kernel, x1, x2), rtol=tol, atol=tol)
