@@ -33,12 +33,18 @@ def compiler_options() -> dict[str, str]:
     return dict(_probe())
 
 
+def _tracing() -> bool:
+    """Whether we are inside a trace (jit, grad, vmap, ...): then options are not allowed."""
+    return isinstance(jnp.zeros(()), jax.core.Tracer)  # under a jit trace every op is staged
+
+
 class _LazyJit:
     """`eqx.filter_jit(fn)`, with `compiler_options()` when called at the top level.
 
     Options are only allowed on a top-level jit, and probing them needs a backend, which
     importing eqgp must not start: so the optioned version is made at the first top-level
-    call, and a call from inside a trace (jit, grad, vmap) uses the plain one."""
+    call; a call from inside a trace (a traced argument, or an enclosing jit) uses the
+    plain one, whose code then compiles with the enclosing jit's options."""
 
     def __init__(self, fn):
         functools.update_wrapper(self, fn)
@@ -47,16 +53,11 @@ class _LazyJit:
         self._top = None
 
     def __call__(self, *args, **kwargs):
-        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
+        if _tracing() or any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
             return self._plain(*args, **kwargs)
         if self._top is None:
             self._top = eqx.filter_jit(self._fn, compiler_options=compiler_options())
-        try:
-            return self._top(*args, **kwargs)
-        except ValueError as e:  # inside a trace, but with no traced argument
-            if "compiler_options" not in str(e):
-                raise
-            return self._plain(*args, **kwargs)
+        return self._top(*args, **kwargs)
 
     def __get__(self, instance, owner=None):
         if instance is None:

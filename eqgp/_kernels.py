@@ -359,14 +359,18 @@ class Periodic(AbstractLengthscaleKernel):
         return _like(self.variance, x1) * jnp.exp(-2.0 * jnp.sum(t * t))
 
 
-class Linear(AbstractVarianceKernel):
-    """Linear (dot product): `variance * x1 . x2`."""
+class _ScaleOnly(AbstractVarianceKernel):
+    """A kernel whose only hyper-parameter is its positive `variance`."""
 
     raw_variance: Float[Array, ""]
 
     def __init__(self, variance: ArrayLike = 1.0):
         """**Arguments:** `variance`, positive."""
         self.raw_variance = _positive("variance", variance)
+
+
+class Linear(_ScaleOnly):
+    """Linear (dot product): `variance * x1 . x2`."""
 
     def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
         _check_pair(x1, x2)
@@ -398,29 +402,17 @@ class Polynomial(AbstractVarianceKernel):
         return base**self.degree
 
 
-class Constant(AbstractVarianceKernel):
+class Constant(_ScaleOnly):
     """Constant: `variance` for every pair of points."""
-
-    raw_variance: Float[Array, ""]
-
-    def __init__(self, variance: ArrayLike = 1.0):
-        """**Arguments:** `variance`, positive."""
-        self.raw_variance = _positive("variance", variance)
 
     def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
         _check_pair(x1, x2)
         return _like(self.variance, x1)
 
 
-class White(AbstractVarianceKernel):
+class White(_ScaleOnly):
     """White noise: `variance` where `x1 == x2` exactly, else 0. Its derivative blocks
     are zero (the indicator is flat almost everywhere)."""
-
-    raw_variance: Float[Array, ""]
-
-    def __init__(self, variance: ArrayLike = 1.0):
-        """**Arguments:** `variance`, positive."""
-        self.raw_variance = _positive("variance", variance)
 
     def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
         _check_pair(x1, x2)

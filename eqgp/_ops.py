@@ -141,14 +141,19 @@ ad.primitive_transposes[linear_recurrence_p] = _transpose
 batching.primitive_batchers[linear_recurrence_p] = _rows_batcher(linear_recurrence_p)
 
 
-def _check_float(name: str, x) -> Array:
+# Half precisions are computed in float32 (the recurrence's products lose everything in
+# float16) and returned in the input's dtype.
+_HALF_DTYPES = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
+
+
+def _check_float(name: str, x, half: bool = False) -> Array:
     if not isinstance(x, (jax.Array, np.ndarray, np.generic, float, list, tuple)):
         raise TypeError(f"`{name}` must be an array; got {type(x).__name__}.")
     x = jnp.asarray(x)
-    if x.dtype not in _FLOAT_DTYPES:
+    if x.dtype not in _FLOAT_DTYPES and not (half and x.dtype in _HALF_DTYPES):
+        allowed = "float16, bfloat16, float32 or float64" if half else "float32 or float64"
         raise TypeError(
-            f"`{name}` must have dtype float32 or float64; got {x.dtype}. "
-            f"Cast it first, e.g. `{name}.astype(jnp.float32)`."
+            f"`{name}` must have dtype {allowed}; got {x.dtype}. Cast it first, e.g. `{name}.astype(jnp.float32)`."
         )
     if x.ndim == 0:
         raise ValueError(
@@ -304,7 +309,8 @@ def sumcumprod(
 
     **Arguments:**
 
-    - `x`: float32 or float64, at least one axis; the other axes are batch axes.
+    - `x`: float32 or float64 (float16 and bfloat16 are computed in float32 and returned in
+      their own dtype), at least one axis; the other axes are batch axes.
     - `axis`: the axis the recurrence runs along (default: the last).
     - `reverse`: a Python bool, the direction (default: from the end, as above).
 
@@ -312,10 +318,12 @@ def sumcumprod(
 
     An array of the shape and dtype of `x`.
     """
-    x = _check_float("x", x)
+    x = _check_float("x", x, half=True)
     if not isinstance(reverse, (bool, np.bool_)):
         raise TypeError(f"`reverse` must be a Python bool; got {type(reverse).__name__}.")
     axis = _axis(x, axis)
+    if x.dtype in _HALF_DTYPES:
+        return sumcumprod(x.astype(jnp.float32), axis, bool(reverse)).astype(x.dtype)
     if reverse:
         return _along(_sumcumprod, x, axis)
     return _along(lambda v: linear_recurrence_p.bind(v, v, reverse=False), x, axis)
@@ -325,7 +333,9 @@ def sumcumprod_reference(
     x: Float[Array | np.ndarray, "*batch n"], axis: int = -1, reverse: bool = True
 ) -> Float[Array, "*batch n"]:
     """Pure-JAX `sumcumprod` (associative scan); the reference the native op is tested on."""
-    x = _check_float("x", x)
+    x = _check_float("x", x, half=True)
+    if x.dtype in _HALF_DTYPES:
+        return sumcumprod_reference(x.astype(jnp.float32), axis, reverse).astype(x.dtype)
     return _along(lambda v: linear_recurrence_reference(v, v, reverse=bool(reverse)), x, _axis(x, axis))
 
 

@@ -65,7 +65,8 @@ def test_product_equals_dense_gram_for_every_operator(kernel, tile_bytes):
     KV = K @ V
     scale = jnp.max(jnp.abs(KV))
     assert float(jnp.max(jnp.abs(eqx.filter_jit(cov.mv)(V) - KV)) / scale) < 1e-12
-    assert float(jnp.max(jnp.abs(cov.mv(V[:, 0]) - KV[:, 0])) / scale) < 1e-12
+    if kernel is not KERNELS[0]:  # a single vector (compile time: not with every operator)
+        assert float(jnp.max(jnp.abs(cov.mv(V[:, 0]) - KV[:, 0])) / scale) < 1e-12
     assert_close(cov.diagonal(), jnp.diagonal(K), rtol=1e-12)
     Xs = jax.random.uniform(jax.random.key(2), (4, 3), jnp.float64, -2, 2)
     op = eqgp.ValueAndGradient()
@@ -98,7 +99,7 @@ def test_coincident_points_matern_product():
 @pytest.mark.parametrize("kernel", [KERNELS[1], KERNELS[3]])
 def test_pullbacks_equal_autodiff_of_the_dense_matrix(kernel):
     groups = _groups(jax.random.key(3))
-    groups = (groups[0], groups[4], groups[5])
+    groups = ((groups[0][0], groups[0][1][:4]), groups[4], groups[5])
     cov = _cov(kernel, groups, tile_bytes=4096)
     U = jax.random.normal(jax.random.key(4), (cov.size, 2), jnp.float64)
     V = jax.random.normal(jax.random.key(5), (cov.size, 2), jnp.float64)

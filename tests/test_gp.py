@@ -165,17 +165,6 @@ def test_nan_targets_raise():
         eqx.filter_jit(lambda m: m.log_marginal_likelihood(obs))(gp).block_until_ready()
 
 
-def test_observation_validation():
-    X = jnp.ones((4, 2))
-    with pytest.raises(ValueError, match="targets"):
-        eqgp.ObservationGroup(eqgp.Gradient(), X, jnp.ones((4, 3)))
-    with pytest.raises(ValueError, match="targets"):
-        eqgp.ObservationGroup(eqgp.Value(), X, jnp.ones(5))
-    with pytest.raises(ValueError, match="noise entries"):
-        gp = eqgp.GaussianProcess(kernels.RBF(), noise=[1e-2, 1e-2])
-        gp.log_marginal_likelihood(eqgp.Observations.values(X, jnp.ones(4)))
-
-
 def test_float32_end_to_end():
     X, y, G = _data(8)
     X, y, G = X.astype(jnp.float32), y.astype(jnp.float32), G.astype(jnp.float32)

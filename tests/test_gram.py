@@ -123,18 +123,6 @@ def test_gradient_gram_symmetric_psd(name):
     assert ev.min() >= -1e-8 * max(ev.max(), 1.0)
 
 
-def test_directional_and_partial():
-    k = kernels.RBF([0.9, 1.4, 1.1])
-    X = _points(4)
-    v = jnp.array([0.3, -1.0, 2.0])
-    Dv = eqgp.operator_gram(k, (eqgp.Directional(v), X), (eqgp.Value(), X))
-    Gr = eqgp.operator_gram(k, (eqgp.Gradient(), X), (eqgp.Value(), X)).reshape(3, 4, 4)
-    assert_close(Dv, jnp.einsum("d,dij->ij", v, Gr), rtol=1e-12)
-    P = eqgp.operator_gram(k, (eqgp.Partial([2, 0]), X), (eqgp.Partial(1), X))
-    full = eqgp.operator_gram(k, (eqgp.Gradient(), X), (eqgp.Gradient(), X)).reshape(3, 4, 3, 4)
-    assert_close(P.reshape(2, 4, 1, 4), np.asarray(full)[[2, 0]][:, :, [1]], rtol=1e-12)
-
-
 def test_mixed_groups_shape_and_diag():
     k = kernels.Matern52(1.0)
     X, Z = _points(5), _points(3, seed=9)

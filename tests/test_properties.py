@@ -4,7 +4,7 @@
 Profiles (tests/conftest.py): `ci` (default; the counts below) and `long`
 (`HYPOTHESIS_PROFILE=long pytest tests/test_properties.py`, ten times as many examples).
 
-- `sumcumprod` (1 010 examples under ci): random ranks 1-4, last-axis lengths 0-70, float32/float64, non-contiguous
+- `sumcumprod` (1 010 examples under ci: 836 + 150 + 24): random ranks 1-4, last-axis lengths 0-70, float32/float64, non-contiguous
   layouts, zeros, negatives, inf and NaN, under jit / vmap over any axis / nested vmap /
   jvp / grad / jacfwd / jacrev, against an independent float64 numpy recurrence.
 - The GP API: random kernels, observation groups (any operator the kernel's smoothness
@@ -111,7 +111,7 @@ def _laid_out(x: np.ndarray, layout: str):
     return jnp.asarray(x), lambda v: v
 
 
-@examples(820)
+@examples(836)
 @given(data=_arrays(), reverse=st.booleans(), how=st.sampled_from(["eager", "jit", "vmap", "vmap2"]))
 def test_sumcumprod_matches_the_recurrence(data, reverse, how):
     x, layout = data
@@ -125,9 +125,12 @@ def test_sumcumprod_matches_the_recurrence(data, reverse, how):
         got = sumcumprod(jnp.asarray(x), reverse=reverse)
     elif how == "jit":
         got = jax.jit(op)(arg)
-    elif x.ndim >= 2 and how == "vmap":  # over a random leading axis
-        ax = int(np.random.default_rng(x.size).integers(0, x.ndim - 1))
-        got = jnp.moveaxis(jax.vmap(lambda r: sumcumprod(r, reverse=reverse), in_axes=ax)(jnp.asarray(x)), 0, ax)
+    elif x.ndim >= 2 and how == "vmap":  # over any axis, the last included
+        ax = int(np.random.default_rng(x.size).integers(0, x.ndim))
+        got = jax.vmap(lambda r: sumcumprod(r, reverse=reverse), in_axes=ax, out_axes=ax)(jnp.asarray(x))
+        if ax == x.ndim - 1:  # each slice's last axis is then the original second-to-last
+            want, bound = _recurrence(x, x.ndim - 2, reverse)
+            n = x.shape[-2]
     elif x.ndim >= 3 and how == "vmap2":
         got = jax.vmap(jax.vmap(lambda r: sumcumprod(r, reverse=reverse)))(jnp.asarray(x))
     else:
@@ -148,7 +151,7 @@ def test_sumcumprod_axis_matches_the_recurrence(data, axis, reverse):
     _check_same(sumcumprod(jnp.asarray(x), axis=axis, reverse=reverse), want, bound, x.dtype, x.shape[axis])
 
 
-@examples(40)
+@examples(24)
 @given(
     data=_arrays(finite=True, max_len=9, max_rank=2),
     reverse=st.booleans(),
@@ -163,12 +166,13 @@ def test_sumcumprod_derivatives_match_the_reference(data, reverse, seed, how):
     t = jax.random.normal(jax.random.key(seed), x.shape, x.dtype)
     rtol, atol = (2e-4, 2e-4) if x.dtype == jnp.float32 else (1e-10, 1e-11)
     transform = {
-        "jvp": lambda f: jax.jvp(f, (x,), (t,))[1],
-        "grad": lambda f: jax.grad(lambda v: jnp.sum(jnp.sin(f(v))))(x),
-        "jacfwd": lambda f: jax.jacfwd(f)(x),
-        "jacrev": lambda f: jax.jacrev(f)(x),
+        "jvp": lambda f: lambda x: jax.jvp(f, (x,), (t,))[1],
+        "grad": lambda f: jax.grad(lambda v: jnp.sum(jnp.sin(f(v)))),
+        "jacfwd": jax.jacfwd,
+        "jacrev": jax.jacrev,
     }[how]
-    np.testing.assert_allclose(np.asarray(transform(ops)), np.asarray(transform(ref)), rtol=rtol, atol=atol)
+    got, want = transform(ops)(x), jax.jit(transform(ref))(x)  # the reference compiled (eager it is slow)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=rtol, atol=atol)
 
 
 # ---------------------------------------------------------------------------------------
@@ -267,7 +271,7 @@ def _problem(draw):
     return kernel, groups, seed
 
 
-@examples(12)
+@examples(6)
 @given(problem=_problem())
 def test_gp_api_matches_the_dense_reference(problem):
     kernel, groups, seed = problem
@@ -500,7 +504,7 @@ def _invalid_cases():
             )
         )
     # sumcumprod.
-    for bad in [np.ones(3, np.int32), np.ones(3, np.complex64), np.float32(1.0), "x", jnp.ones(3, jnp.float16)]:
+    for bad in [np.ones(3, np.int32), np.ones(3, np.complex64), np.float32(1.0), "x", np.ones(3, np.int8)]:
         cases.append((f"sumcumprod {bad!r}", lambda bad=bad: sumcumprod(bad), r"`x`|parameter 'x'"))
     return cases
 
