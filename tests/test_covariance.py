@@ -60,18 +60,18 @@ def test_product_equals_dense_gram_for_every_operator(kernel, tile_bytes):
         groups = (groups[0], groups[3], groups[5], groups[8])
     cov = _cov(kernel, groups, tile_bytes)
     K = eqgp.operator_gram(kernel, list(groups), list(groups)) + jnp.diag(cov.noise)
-    assert_close(cov.as_matrix(), K, rtol=1e-14)
+    assert_close(eqx.filter_jit(lambda c: c.as_matrix())(cov), K, rtol=1e-14)
     V = jax.random.normal(jax.random.key(1), (cov.size, 3), jnp.float64)
     KV = K @ V
     scale = jnp.max(jnp.abs(KV))
     assert float(jnp.max(jnp.abs(eqx.filter_jit(cov.mv)(V) - KV)) / scale) < 1e-12
     if kernel is not KERNELS[0]:  # a single vector (compile time: not with every operator)
         assert float(jnp.max(jnp.abs(cov.mv(V[:, 0]) - KV[:, 0])) / scale) < 1e-12
-    assert_close(cov.diagonal(), jnp.diagonal(K), rtol=1e-12)
+    assert_close(eqx.filter_jit(lambda c: c.diagonal())(cov), jnp.diagonal(K), rtol=1e-12)
     Xs = jax.random.uniform(jax.random.key(2), (4, 3), jnp.float64, -2, 2)
     op = eqgp.ValueAndGradient()
     assert_close(
-        cov.cross_mv(op, Xs, V[:, 0]),
+        eqx.filter_jit(lambda c: c.cross_mv(op, Xs, V[:, 0]))(cov),
         eqgp.operator_gram(kernel, (op, Xs), list(groups)) @ V[:, 0],
         rtol=1e-11,
         atol=1e-12,
@@ -103,12 +103,14 @@ def test_pullbacks_equal_autodiff_of_the_dense_matrix(kernel):
     cov = _cov(kernel, groups, tile_bytes=4096)
     U = jax.random.normal(jax.random.key(4), (cov.size, 2), jnp.float64)
     V = jax.random.normal(jax.random.key(5), (cov.size, 2), jnp.float64)
-    ref = eqx.filter_grad(lambda c: jnp.sum(U * (c.as_matrix() @ V)))(cov)
+    ref = eqx.filter_jit(eqx.filter_grad(lambda c: jnp.sum(U * (c.as_matrix() @ V))))(cov)
     low_rank = eqx.filter_jit(lambda c: c.pullback(U, V))(cov)
-    dense = eqx.filter_jit(lambda c: c.pullback(U @ V.T))(cov)
-    for a, b, c in zip(jax.tree.leaves(ref), jax.tree.leaves(low_rank), jax.tree.leaves(dense)):
+    for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(low_rank)):
         assert_close(b, a, rtol=1e-10, atol=1e-11)  # kernel, points, directions, noise
-        assert_close(c, a, rtol=1e-10, atol=1e-11)
+    if kernel is KERNELS[3]:  # the dense (symmetric-pair) pullback once (compile time)
+        dense = eqx.filter_jit(lambda c: c.pullback(U @ V.T))(cov)
+        for a, c in zip(jax.tree.leaves(ref), jax.tree.leaves(dense)):
+            assert_close(c, a, rtol=1e-10, atol=1e-11)
 
 
 def test_lml_gradient_wrt_points_and_kernel_equals_dense_autodiff():

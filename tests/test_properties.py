@@ -271,7 +271,7 @@ def _problem(draw):
     return kernel, groups, seed
 
 
-@examples(6)
+@examples(5)
 @given(problem=_problem())
 def test_gp_api_matches_the_dense_reference(problem):
     kernel, groups, seed = problem
