@@ -85,7 +85,15 @@ class GaussianProcess(eqx.Module):
     def noise(self) -> tuple[Array, ...]:
         """The noise variances used, floor included: one entry per observation group (or
         one shared entry)."""
-        return tuple(jax.nn.softplus(r) + self._floor(r.dtype) for r in self.raw_noise)
+        return self._noise_in(None)
+
+    def _noise_in(self, dtype) -> tuple[Array, ...]:
+        """`softplus(raw) + floor` per entry, in `dtype` with its floor (None: each entry's own)."""
+        out = []
+        for r in self.raw_noise:
+            d = r.dtype if dtype is None else dtype
+            out.append(jax.nn.softplus(r).astype(d) + self._floor(d))
+        return tuple(out)
 
     def _floor(self, dtype) -> float:
         if self.noise_floor is not None:
@@ -96,10 +104,7 @@ class GaussianProcess(eqx.Module):
         """The noise entries used with `obs`, in its dtype with that dtype's floor."""
         if not isinstance(obs, Observations):
             raise TypeError(f"`obs` must be an eqgp.Observations; got {type(obs).__name__}.")
-        dtype = obs.groups[0].X.dtype
-        return noise_per_group(
-            tuple(jax.nn.softplus(r).astype(dtype) + self._floor(dtype) for r in self.raw_noise), obs
-        )
+        return noise_per_group(self._noise_in(obs.groups[0].X.dtype), obs)
 
     @jit
     def log_marginal_likelihood(self, obs: Observations, key: PRNGKeyArray | None = None) -> Float[Array, ""]:

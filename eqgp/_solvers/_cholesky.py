@@ -71,13 +71,13 @@ def cholesky(A: Array, jitter: float, max_tries: int = 0, message: str = NOT_PD)
     def factor(j):
         return jnp.linalg.cholesky(A + (j * scale) * eye) if jitter or max_tries else jnp.linalg.cholesky(A)
 
+    def failed(L):
+        return ~jnp.all(jnp.isfinite(L))
+
     L = factor(jnp.asarray(jitter, A.dtype))
     if max_tries:
         first = jitter if jitter else _FIRST_JITTER.get(jnp.dtype(A.dtype), 1e-6)
         A0 = jax.lax.stop_gradient(A)
-
-        def failed(L):
-            return ~jnp.all(jnp.isfinite(L))
 
         def cond(c):
             return failed(c[0]) & (c[2] < max_tries)
@@ -92,7 +92,7 @@ def cholesky(A: Array, jitter: float, max_tries: int = 0, message: str = NOT_PD)
         _, used, tries = jax.lax.while_loop(cond, body, (jax.lax.stop_gradient(L), jnp.asarray(jitter, A.dtype), 0))
         L = jax.lax.cond(tries == 0, lambda: L, lambda: factor(used))
         jax.debug.callback(_report, used, tries > 0, ~failed(L))
-    return eqx.error_if(L, ~jnp.all(jnp.isfinite(L)), message)
+    return eqx.error_if(L, failed(L), message)
 
 
 class Cholesky(AbstractSolver):
