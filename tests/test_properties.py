@@ -102,13 +102,13 @@ def _arrays(draw, finite: bool = False, max_len: int = 70, max_rank: int = 4):
 def _laid_out(x: np.ndarray, layout: str):
     """The same values as `x`, reached through a non-contiguous view inside the jit."""
     if layout == "transposed":
-        return jnp.asarray(np.ascontiguousarray(np.swapaxes(x, 0, -1))), lambda v: jnp.swapaxes(v, 0, -1)
+        return jax.device_put(np.ascontiguousarray(np.swapaxes(x, 0, -1))), lambda v: jnp.swapaxes(v, 0, -1)
     if layout == "strided":
         big = np.repeat(x, 2, axis=-1)
-        return jnp.asarray(big), lambda v: v[..., ::2]
+        return jax.device_put(big), lambda v: v[..., ::2]
     if layout == "broadcast" and x.ndim >= 2:
-        return jnp.asarray(x[:1]), lambda v: jnp.broadcast_to(v, x.shape)
-    return jnp.asarray(x), lambda v: v
+        return jax.device_put(x[:1]), lambda v: jnp.broadcast_to(v, x.shape)
+    return jax.device_put(x), lambda v: v
 
 
 @examples(836)
@@ -122,17 +122,17 @@ def test_sumcumprod_matches_the_recurrence(data, reverse, how):
     arg, view = _laid_out(x, layout)
     op = lambda v: sumcumprod(view(v), reverse=reverse)  # noqa: E731
     if how == "eager":
-        got = sumcumprod(jnp.asarray(x), reverse=reverse)
+        got = sumcumprod(jax.device_put(x), reverse=reverse)
     elif how == "jit":
         got = jax.jit(op)(arg)
     elif x.ndim >= 2 and how == "vmap":  # over any axis, the last included
         ax = int(np.random.default_rng(x.size).integers(0, x.ndim))
-        got = jax.vmap(lambda r: sumcumprod(r, reverse=reverse), in_axes=ax, out_axes=ax)(jnp.asarray(x))
+        got = jax.vmap(lambda r: sumcumprod(r, reverse=reverse), in_axes=ax, out_axes=ax)(jax.device_put(x))
         if ax == x.ndim - 1:  # each slice's last axis is then the original second-to-last
             want, bound = _recurrence(x, x.ndim - 2, reverse)
             n = x.shape[-2]
     elif x.ndim >= 3 and how == "vmap2":
-        got = jax.vmap(jax.vmap(lambda r: sumcumprod(r, reverse=reverse)))(jnp.asarray(x))
+        got = jax.vmap(jax.vmap(lambda r: sumcumprod(r, reverse=reverse)))(jax.device_put(x))
     else:
         got = jax.jit(op)(arg)
     assert got.dtype == x.dtype and got.shape == x.shape
@@ -145,10 +145,10 @@ def test_sumcumprod_axis_matches_the_recurrence(data, axis, reverse):
     x, _ = data
     if not -x.ndim <= axis < x.ndim:
         with pytest.raises(ValueError, match="`axis`"):
-            sumcumprod(jnp.asarray(x), axis=axis)
+            sumcumprod(jax.device_put(x), axis=axis)
         return
     want, bound = _recurrence(x, axis, reverse)
-    _check_same(sumcumprod(jnp.asarray(x), axis=axis, reverse=reverse), want, bound, x.dtype, x.shape[axis])
+    _check_same(sumcumprod(jax.device_put(x), axis=axis, reverse=reverse), want, bound, x.dtype, x.shape[axis])
 
 
 @examples(24)
@@ -160,7 +160,7 @@ def test_sumcumprod_axis_matches_the_recurrence(data, axis, reverse):
 )
 def test_sumcumprod_derivatives_match_the_reference(data, reverse, seed, how):
     x, _ = data
-    x = jnp.asarray(x)
+    x = jax.device_put(x)
     ops = lambda v: sumcumprod(v, reverse=reverse)  # noqa: E731
     ref = lambda v: sumcumprod_reference(v, reverse=reverse)  # noqa: E731
     t = jax.random.normal(jax.random.key(seed), x.shape, x.dtype)
