@@ -420,8 +420,8 @@ class White(_ScaleOnly):
         return jnp.where(same, _like(self.variance, x1), jnp.zeros((), x1.dtype))
 
 
-class Sum(AbstractKernel):
-    """`k1(x1, x2) + k2(x1, x2)`; what `k1 + k2` builds."""
+class _AbstractPair(AbstractKernel):
+    """Two kernels combined pointwise: as smooth as the rougher of the two."""
 
     kernel1: AbstractKernel
     kernel2: AbstractKernel
@@ -429,20 +429,17 @@ class Sum(AbstractKernel):
     @property
     def smoothness(self) -> float:
         return min(self.kernel1.smoothness, self.kernel2.smoothness)
+
+
+class Sum(_AbstractPair):
+    """`k1(x1, x2) + k2(x1, x2)`; what `k1 + k2` builds."""
 
     def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
         return self.kernel1(x1, x2) + self.kernel2(x1, x2)
 
 
-class Product(AbstractKernel):
+class Product(_AbstractPair):
     """`k1(x1, x2) * k2(x1, x2)`; what `k1 * k2` and `c * k` build."""
-
-    kernel1: AbstractKernel
-    kernel2: AbstractKernel
-
-    @property
-    def smoothness(self) -> float:
-        return min(self.kernel1.smoothness, self.kernel2.smoothness)
 
     def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
         return self.kernel1(x1, x2) * self.kernel2(x1, x2)
