@@ -49,7 +49,20 @@ def fit(
     The progress bar (tqdm) starts after the first step, so compilation is not in its
     rate; without a terminal it prints a line every 30 s instead of redrawing.
 
+    **Arguments:**
+
+    - `model`: any Equinox module (e.g. an `eqgp.GaussianProcess`); its inexact arrays train.
+    - `loss`: `loss(model, *args) -> scalar`, e.g. `lambda m: -m.log_marginal_likelihood(obs)`.
+    - `optimizer`: an `optax.GradientTransformation`, e.g. `optax.adam(1e-2)`.
+    - `steps`: the number of steps, a non-negative int.
+    - `*args`: passed to `loss` after the model (so data need not be closed over).
+    - `progress`: show the tqdm bar.
+
     **Returns:** `(trained_model, losses)`, `losses` of shape `(steps,)`.
+
+    ```python
+    gp, losses = eqgp.fit(gp, lambda m, obs: -m.log_marginal_likelihood(obs), optax.adam(1e-2), 300, obs)
+    ```
     """
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
         raise ValueError(f"`steps` must be a non-negative int; got {steps!r}.")

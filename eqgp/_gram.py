@@ -180,7 +180,13 @@ def _operator_gram(kernel, g1, g2, layout: Layout = "blocked") -> Array:
 @jit
 def operator_diag(kernel: AbstractKernel, operator: AbstractOperator, X) -> Array:
     """The variances `cov(L f(X_i), L f(X_i))` of one operator at each point, without the
-    off-diagonal: shape `(P N,)`, component-major like `operator_gram`."""
+    off-diagonal: shape `(P N,)`, component-major like `operator_gram`.
+
+    **Arguments:** `kernel` (an `eqgp.kernels.AbstractKernel`), `operator` (an
+    `eqgp.AbstractOperator`) and `X`, points of shape `(N, D)`.
+
+    **Returns:** shape `(P N,)`, equal to `jnp.diagonal(operator_gram(kernel, (operator, X), (operator, X)))`
+    at `O(N)` cost."""
     _check_kernel(kernel)
     return _operator_diag(kernel, operator, as_points("X", X))
 

@@ -19,6 +19,15 @@ def log_marginal_likelihood(
     (exact for `Cholesky`, a stochastic trace estimate for `ConjugateGradient`) and
     `Covariance.pullback` takes to the kernel, points and noise; the derivative with respect
     to the residual is `-alpha`.
+
+    **Arguments:**
+
+    - `cov`: the `eqgp.Covariance` of the observations (noise included), size `R`.
+    - `residual`: targets minus the prior mean, shape `(R,)`, in `cov`'s order.
+    - `solver`: an `eqgp.AbstractSolver` (`eqgp.Cholesky()`, `eqgp.ConjugateGradient()`).
+    - `key`: probes of a stochastic solver (`None`: a fixed key).
+
+    **Returns:** a scalar. `GaussianProcess.log_marginal_likelihood(obs)` builds the arguments.
     """
     return _loglik((cov, residual), solver, key)
 
