@@ -29,5 +29,7 @@ def test_every_tutorial_and_the_readme_have_code():
 def test_python_blocks_run(page, tmp_path):
     code = "\n\n".join(python_blocks(page))
     env = {**os.environ, "MPLBACKEND": "Agg"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-3000:]
