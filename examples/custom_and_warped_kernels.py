@@ -2,8 +2,6 @@
 `eqgp.nn.SumCumProd` layer, both trained end to end on values and gradients (the warp's
 parameters and the kernel's together). Writes custom_and_warped_kernels.png."""
 
-import pathlib
-
 import jax
 
 jax.config.update("jax_enable_x64", True)
@@ -15,6 +13,7 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import optax  # noqa: E402
+from _figures import save  # noqa: E402
 
 import eqgp  # noqa: E402
 from eqgp import kernels  # noqa: E402
@@ -48,23 +47,28 @@ def main(steps: int = 300):
     }
     xs = jnp.linspace(-1, 1, 400)[:, None]
     truth = jax.vmap(f)(xs)
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    ax.plot(xs[:, 0], truth, "k--", label="truth")
+    fig, (ax, ax_err) = plt.subplots(2, 1, figsize=(9, 7), sharex=True, height_ratios=[2, 1], constrained_layout=True)
     for name, gp in models.items():
         gp, losses = eqgp.fit(gp, lambda m, o: -m.log_marginal_likelihood(o), optax.adam(2e-2), steps, obs)
         post = gp.condition(obs)
-        m = post.mean(xs)
+        m, sd = post.mean(xs), jnp.sqrt(post.variance(xs))
         rmse = float(jnp.sqrt(jnp.mean((m - truth) ** 2)))
         print(
-            f"{name:25s}: -log marginal likelihood {float(losses[0]):9.3f} -> {float(losses[-1]):9.3f}, test RMSE {rmse:.4f}"  # noqa: E501
+            f"{name:25s}: -log marginal likelihood {float(losses[0]):9.3f} -> {float(losses[-1]):9.3f}, test RMSE {rmse:.2e}"  # noqa: E501
         )
-        ax.plot(xs[:, 0], m, label=f"{name} (RMSE {rmse:.3f})")
-    ax.plot(X[:, 0], y, "ko")
-    ax.legend()
-    fig.tight_layout()
-    out = pathlib.Path(__file__).with_name("custom_and_warped_kernels.png")
-    fig.savefig(out, dpi=90)
-    print(f"wrote {out}")
+        (line,) = ax.plot(xs[:, 0], m, lw=2.5, alpha=0.8, label=f"{name}: test RMSE {rmse:.1e}")
+        ax.fill_between(xs[:, 0], m - 2 * sd, m + 2 * sd, color=line.get_color(), alpha=0.2)
+        ax_err.plot(xs[:, 0], jnp.abs(m - truth), color=line.get_color(), label=name)
+        ax_err.plot(xs[:, 0], 2 * sd, ":", color=line.get_color())
+    ax.plot(xs[:, 0], truth, "k--", lw=1.2, zorder=5, label="truth (drawn on top)")
+    ax.plot(X[:, 0], y, "ko", zorder=6, label="observed values + gradients")
+    ax.set_ylabel("f(x)")
+    ax.set_title("Non-stationary f from 9 values + gradients: a custom kernel and a warped RBF (bands: +-2 sd)")
+    ax.legend(loc="lower left")
+    ax_err.set_yscale("log")
+    ax_err.set_ylabel("|mean - truth| (dotted: 2 sd)")
+    ax_err.set_xlabel("x")
+    save(fig, __file__, "custom_and_warped_kernels.png")
 
 
 if __name__ == "__main__":
