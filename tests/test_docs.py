@@ -20,7 +20,7 @@ def python_blocks(page: pathlib.Path) -> list[str]:
 
 def test_every_tutorial_and_the_readme_have_code():
     counts = {p.relative_to(ROOT).as_posix(): len(python_blocks(p)) for p in PAGES}
-    assert counts["README.md"] >= 3
+    assert counts["README.md"] >= 1
     assert all(counts[p] >= 1 for p in counts if p.startswith("docs/tutorials/")), counts
     assert len([p for p in counts if p.startswith("docs/tutorials/")]) >= 6, counts
 
