@@ -18,6 +18,12 @@ from ._operators import (
 )
 
 __version__ = "0.1.0"
+from ._acquisition import (
+    expected_improvement as expected_improvement,
+    log_expected_improvement as log_expected_improvement,
+    maximize_acquisition as maximize_acquisition,
+    upper_confidence_bound as upper_confidence_bound,
+)
 from ._covariance import Covariance as Covariance
 from ._fit import FitError as FitError, fit as fit
 from ._gp import GaussianProcess as GaussianProcess, Posterior as Posterior

@@ -1,0 +1,157 @@
+"""Acquisition functions for Bayesian optimisation, and their multi-start maximiser.
+
+Each acquisition is a function of a `Posterior` and points `X` of shape `(N, D)`, returns
+`(N,)` (higher is better), and is differentiable in `X`; the predicted value is the
+posterior of `Value()` at `X`, whatever the posterior was conditioned on (values,
+gradients, partial derivatives, ...). The convention is BoTorch's: `maximize=True` looks for
+the objective's maximum, `maximize=False` for its minimum.
+"""
+
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
+
+from ._gp import Posterior
+
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def _improvement_z(posterior: Posterior, X, best_f, maximize: bool):
+    mean = posterior.mean(X)
+    sd = jnp.sqrt(jnp.maximum(posterior.variance(X), jnp.finfo(mean.dtype).tiny))
+    best = jnp.asarray(best_f, mean.dtype)
+    if best.ndim != 0:
+        raise ValueError(f"`best_f` must be a scalar (the incumbent); got shape {best.shape}.")
+    u = mean - best if maximize else best - mean
+    return u / sd, sd
+
+
+def _log_h(z: Array) -> Array:
+    """`log(phi(z) + z Phi(z))`, stable for every z (BoTorch's `log_ei` helper, derived
+    from `Phi(z) = erfcx(-z / sqrt 2) exp(-z^2 / 2) / 2`)."""
+    # z > -1: direct; h is at least h(-1) = 0.083 there.
+    zp = jnp.maximum(z, -1.0)
+    direct = jnp.log(jax.scipy.stats.norm.pdf(zp) + zp * jax.scipy.stats.norm.cdf(zp))
+    # z <= -1: h(z) = exp(-z^2/2) / sqrt(2 pi) * (1 - |z| sqrt(pi/2) erfcx(|z| / sqrt 2)).
+    a = jnp.minimum(-z, 1e6)  # beyond 1e6 the asymptotic form below is exact in float64
+    a = jnp.maximum(a, 1.0)
+    t = a * math.sqrt(math.pi / 2) * jax.scipy.special.erfcx(a / math.sqrt(2))
+    tail = -0.5 * a**2 - _LOG_SQRT_2PI + jnp.log1p(-t)
+    asymptotic = -0.5 * z**2 - _LOG_SQRT_2PI - 2.0 * jnp.log(jnp.maximum(-z, 1.0))  # 1 - t ~ 1/z^2
+    tail = jnp.where(-z > 1e6, asymptotic, tail)
+    return jnp.where(z > -1.0, direct, tail)
+
+
+def expected_improvement(
+    posterior: Posterior, X: Float[Array, "N D"], best_f: ArrayLike, maximize: bool = True
+) -> Float[Array, " N"]:
+    """Expected improvement over the incumbent `best_f`: `E[max(f(X) - best_f, 0)]`
+    (or `E[max(best_f - f(X), 0)]` with `maximize=False`) under the posterior.
+
+    **Arguments:**
+
+    - `posterior`: an `eqgp.Posterior` (from `GaussianProcess.condition`).
+    - `X`: candidate points, shape `(N, D)`.
+    - `best_f`: the best objective value observed so far, a scalar.
+    - `maximize`: whether the objective is maximised (BoTorch's convention) or minimised.
+
+    **Returns:** shape `(N,)`. Underflows to 0 far from the incumbent; optimise
+    `log_expected_improvement` instead, whose gradient stays informative there.
+    """
+    z, sd = _improvement_z(posterior, X, best_f, maximize)
+    return sd * (jax.scipy.stats.norm.pdf(z) + z * jax.scipy.stats.norm.cdf(z))
+
+
+def log_expected_improvement(
+    posterior: Posterior, X: Float[Array, "N D"], best_f: ArrayLike, maximize: bool = True
+) -> Float[Array, " N"]:
+    """`log(expected_improvement(...))`, computed without underflow (as BoTorch's
+    `LogExpectedImprovement`): finite, with useful gradients, even where the improvement
+    is tens of standard deviations away. Arguments as `expected_improvement`.
+
+    **Returns:** shape `(N,)`.
+    """
+    z, sd = _improvement_z(posterior, X, best_f, maximize)
+    return jnp.log(sd) + _log_h(z)
+
+
+def upper_confidence_bound(
+    posterior: Posterior, X: Float[Array, "N D"], beta: ArrayLike = 4.0, maximize: bool = True
+) -> Float[Array, " N"]:
+    """`mean + sqrt(beta) sd` of the posterior value at `X` (with `maximize=False`:
+    `-(mean - sqrt(beta) sd)`, the lower bound negated, so that higher is better).
+
+    **Arguments:** `posterior`, `X` (shape `(N, D)`), `beta >= 0` (the exploration weight;
+    4 gives two standard deviations) and `maximize`.
+
+    **Returns:** shape `(N,)`.
+    """
+    mean = posterior.mean(X)
+    sd = jnp.sqrt(jnp.maximum(posterior.variance(X), 0.0))
+    bonus = jnp.sqrt(jnp.asarray(beta, mean.dtype)) * sd
+    return mean + bonus if maximize else -(mean - bonus)
+
+
+def maximize_acquisition(
+    acquisition: Callable[[Float[Array, "N D"]], Float[Array, " N"]],
+    lower: ArrayLike,
+    upper: ArrayLike,
+    key: PRNGKeyArray,
+    num_starts: int = 32,
+    steps: int = 100,
+    learning_rate: float = 0.02,
+) -> tuple[Float[Array, " D"], Float[Array, ""]]:
+    """Maximise a pointwise acquisition over the box `[lower, upper]` by multi-start
+    gradient ascent: `num_starts` uniform random starts, all ascended at once (one batched
+    call of `acquisition` per step) by Adam on coordinates scaled to the unit box, each
+    step projected back into the box; the best point found wins.
+
+    **Arguments:**
+
+    - `acquisition`: `X (N, D) -> (N,)`, each output depending on its own row only (as
+      `expected_improvement` and friends: `lambda X: eqgp.log_expected_improvement(post, X, best)`).
+    - `lower`, `upper`: the box, shape `(D,)` each, `lower < upper`.
+    - `key`: a `jax.random` key for the starts.
+    - `num_starts`, `steps`, `learning_rate`: the ascent (the rate is in unit-box coordinates).
+
+    **Returns:** `(x, value)`: the best point, shape `(D,)`, and its acquisition value.
+    Usable under `jit` (`num_starts` and `steps` static).
+    """
+    lower = jnp.asarray(lower)
+    upper = jnp.asarray(upper)
+    if lower.ndim != 1 or lower.shape != upper.shape:
+        raise ValueError(f"`lower` and `upper` must have the same shape (D,); got {lower.shape} and {upper.shape}.")
+    if not isinstance(lower, jax.core.Tracer) and not isinstance(upper, jax.core.Tracer):
+        if not bool(np.all(np.asarray(lower) < np.asarray(upper))):
+            raise ValueError(f"`lower` must be below `upper` in every dimension; got {lower} and {upper}.")
+    if not (isinstance(num_starts, int) and num_starts >= 1 and isinstance(steps, int) and steps >= 0):
+        raise ValueError(f"`num_starts` must be an int >= 1 and `steps` an int >= 0; got {num_starts}, {steps}.")
+    dtype = jnp.result_type(lower.dtype, upper.dtype, float)
+    lower, upper = lower.astype(dtype), upper.astype(dtype)
+    width = upper - lower
+
+    def objective(U):  # U in the unit box, (S, D)
+        return -jnp.sum(acquisition(lower[None] + U * width[None]))
+
+    opt = optax.adam(learning_rate)
+    U0 = jax.random.uniform(key, (num_starts, lower.shape[0]), dtype)
+
+    def step(carry, _):
+        U, state = carry
+        g = jax.grad(objective)(U)
+        g = jnp.where(jnp.isfinite(g), g, 0.0)  # a start where the acquisition is flat or NaN stays put
+        updates, state = opt.update(g, state, U)
+        return (jnp.clip(optax.apply_updates(U, updates), 0.0, 1.0), state), None
+
+    with jax.numpy_dtype_promotion("standard"):  # optax's bias correction mixes int32 and float
+        (U, _), _ = jax.lax.scan(step, (U0, opt.init(U0)), None, length=steps)
+    X = lower[None] + U * width[None]
+    values = acquisition(X)
+    values = jnp.where(jnp.isnan(values), -jnp.inf, values)
+    i = jnp.argmax(values)
+    return X[i], values[i]
