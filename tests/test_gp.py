@@ -179,3 +179,30 @@ def test_float32_end_to_end():
 def post_ok(post, X):
     m = post.mean(X, eqgp.Gradient())
     return m.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(m)))
+
+
+def test_update_equals_a_fresh_condition():
+    f = lambda x: jnp.sin(2 * x[0]) * jnp.cos(x[1])  # noqa: E731
+    X = jax.random.uniform(jax.random.key(0), (10, 2), jnp.float64, -1, 1)
+    Xn = jax.random.uniform(jax.random.key(1), (3, 2), jnp.float64, -1, 1)
+    vg = jax.vmap(jax.value_and_grad(f))
+    (y, G), (yn, Gn) = vg(X), vg(Xn)
+    old = eqgp.Observations.values_and_gradients(X, y, G)
+    new = eqgp.Observations(
+        (eqgp.ValueAndGradient(), Xn, jnp.concatenate([yn[:, None], Gn], 1)),
+        (eqgp.Value(), Xn[:1] + 0.3, jnp.array([0.1])),
+    )
+    gp = eqgp.GaussianProcess(kernels.Matern52([0.7, 0.9]), mean=0.2, noise=1e-4)
+    updated = gp.condition(old).update(new)
+    fresh = gp.condition(eqgp.Observations(*old.groups, *new.groups))
+    assert_close(updated.state, fresh.state, rtol=1e-9, atol=1e-12)
+    assert_close(updated.alpha, fresh.alpha, rtol=1e-8, atol=1e-10)
+    Xs = jax.random.uniform(jax.random.key(2), (5, 2), jnp.float64, -1, 1)
+    for op in (eqgp.Value(), eqgp.Gradient()):
+        assert_close(updated.mean(Xs, op), fresh.mean(Xs, op), rtol=1e-9, atol=1e-11)
+        assert_close(updated.variance(Xs, op), fresh.variance(Xs, op), rtol=1e-7, atol=1e-12)
+    with pytest.raises(ValueError, match="noise must be one entry shared by all groups"):
+        two = eqgp.Observations((eqgp.Value(), X, y), (eqgp.Gradient(), X, G))
+        eqgp.GaussianProcess(kernels.RBF(1.0), noise=[1e-4, 1e-3]).condition(two).update(new)
+    with pytest.raises(TypeError, match="needs the Cholesky solver"):
+        eqgp.GaussianProcess(kernels.RBF(1.0), solver=eqgp.ConjugateGradient()).condition(old).update(new)
