@@ -2,6 +2,7 @@ import functools
 import math
 import sys
 import warnings
+import weakref
 from collections.abc import Callable
 
 import equinox as eqx
@@ -46,6 +47,10 @@ def fit(
       `.model` (the last model whose loss was finite) and `.losses` (the losses so far);
     - Ctrl-C (`KeyboardInterrupt`) returns `(model, losses)` so far, with a warning.
 
+    Calling `fit` again with the same `loss` and `optimizer` objects and the same shapes
+    (a warm-started refit) reuses the compiled step; pass data through `*args` rather than
+    a new closure per call to benefit.
+
     The progress bar (tqdm) starts after the first step, so compilation is not in its
     rate; without a terminal it prints a line every 30 s instead of redrawing.
 
@@ -68,12 +73,7 @@ def fit(
         raise ValueError(f"`steps` must be a non-negative int; got {steps!r}.")
     opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
 
-    @functools.partial(eqx.filter_jit, compiler_options=compiler_options())
-    def step(model, opt_state, *args):
-        value, grads = eqx.filter_value_and_grad(loss)(model, *args)
-        params = eqx.filter(model, eqx.is_inexact_array)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return eqx.apply_updates(model, updates), opt_state, value
+    step = _stepper(loss, optimizer)
 
     losses: list[float] = []
     bar = None
@@ -124,6 +124,39 @@ def fit(
         if bar is not None:
             bar.close()
     return model, _stack(losses)
+
+
+def _step(model, opt_state, args, loss, optimizer):
+    value, grads = eqx.filter_value_and_grad(loss)(model, *args)
+    params = eqx.filter(model, eqx.is_inexact_array)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return eqx.apply_updates(model, updates), opt_state, value
+
+
+def _jitted_step(loss_ref: Callable, optimizer):
+    @functools.partial(eqx.filter_jit, compiler_options=compiler_options())
+    def step(model, opt_state, *args):
+        return _step(model, opt_state, args, loss_ref(), optimizer)
+
+    return step
+
+
+# The compiled step per (loss, optimizer), so that calling `fit` again with the same two
+# objects and shapes (a Bayesian-optimisation loop refits every iteration) does not trace
+# and compile again. Keyed weakly on `loss`, which the step reaches through a weak
+# reference: a loss that the caller drops (and the data it closes over) is freed.
+_STEPS: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
+
+
+def _stepper(loss: Callable, optimizer):
+    try:
+        per_loss = _STEPS.setdefault(loss, {})
+        hash(optimizer)
+    except TypeError:  # not weakly referenceable, or an unhashable optimizer: compiled per call
+        return _jitted_step(lambda: loss, optimizer)
+    if optimizer not in per_loss:
+        per_loss[optimizer] = _jitted_step(weakref.ref(loss), optimizer)
+    return per_loss[optimizer]
 
 
 def _cause(e: Exception) -> str:

@@ -184,3 +184,38 @@ def test_steps_validated():
     X, y, _ = _data(4)
     with pytest.raises(ValueError, match="`steps` must be a non-negative int"):
         eqgp.fit(eqgp.GaussianProcess(kernels.RBF()), _nll, optax.adam(1e-2), -1, eqgp.Observations.values(X, y))
+
+
+def test_refitting_with_the_same_loss_and_optimizer_compiles_once():
+    X, y, _ = _data(6)
+    obs = eqgp.Observations.values(X, y)
+    traces = []
+
+    def loss(m, obs):
+        traces.append(None)  # runs once per trace
+        return _nll(m, obs)
+
+    opt = optax.adam(1e-2)
+    gp = eqgp.GaussianProcess(kernels.RBF(0.5), noise=1e-2)
+    gp1, l1 = eqgp.fit(gp, loss, opt, 3, obs, progress=False)
+    n = len(traces)
+    gp2, l2 = eqgp.fit(gp1, loss, opt, 3, obs, progress=False)  # a warm start: no new trace
+    assert len(traces) == n and float(l2[-1]) < float(l1[0])
+    eqgp.fit(gp, loss, optax.sgd(1e-3), 2, obs, progress=False)  # another optimizer: its own step
+    assert len(traces) > n
+    # A loss the caller drops (with the data it closes over) is not kept alive by the cache.
+    assert _fit_and_drop_a_loss(gp, obs)() is None
+
+
+def _fit_and_drop_a_loss(gp, obs):
+    import gc
+    import weakref
+
+    def loss(m):
+        return _nll(m, obs)
+
+    eqgp.fit(gp, loss, optax.adam(1e-2), 2, progress=False)
+    ref = weakref.ref(loss)
+    del loss
+    gc.collect()
+    return ref
