@@ -21,9 +21,14 @@ from ._gp import Posterior
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
-def _improvement_z(posterior: Posterior, X, best_f, maximize: bool):
+def _mean_sd(posterior: Posterior, X, floor=0.0):
+    """The posterior mean and standard deviation of the value at `X`, the variance floored."""
     mean = posterior.mean(X)
-    sd = jnp.sqrt(jnp.maximum(posterior.variance(X), jnp.finfo(mean.dtype).tiny))
+    return mean, jnp.sqrt(jnp.maximum(posterior.variance(X), floor))
+
+
+def _improvement_z(posterior: Posterior, X, best_f, maximize: bool):
+    mean, sd = _mean_sd(posterior, X, jnp.finfo(posterior.alpha.dtype).tiny)
     best = jnp.asarray(best_f, mean.dtype)
     if best.ndim != 0:
         raise ValueError(f"`best_f` must be a scalar (the incumbent); got shape {best.shape}.")
@@ -91,8 +96,7 @@ def upper_confidence_bound(
 
     **Returns:** shape `(N,)`.
     """
-    mean = posterior.mean(X)
-    sd = jnp.sqrt(jnp.maximum(posterior.variance(X), 0.0))
+    mean, sd = _mean_sd(posterior, X)
     bonus = jnp.sqrt(jnp.asarray(beta, mean.dtype)) * sd
     return mean + bonus if maximize else -(mean - bonus)
 
@@ -135,8 +139,11 @@ def maximize_acquisition(
     lower, upper = lower.astype(dtype), upper.astype(dtype)
     width = upper - lower
 
-    def objective(U):  # U in the unit box, (S, D)
-        return -jnp.sum(acquisition(lower[None] + U * width[None]))
+    def in_box(U):  # unit-box coordinates (S, D) -> points
+        return lower[None] + U * width[None]
+
+    def objective(U):
+        return -jnp.sum(acquisition(in_box(U)))
 
     opt = optax.adam(learning_rate)
     U0 = jax.random.uniform(key, (num_starts, lower.shape[0]), dtype)
@@ -150,7 +157,7 @@ def maximize_acquisition(
 
     with jax.numpy_dtype_promotion("standard"):  # optax's bias correction mixes int32 and float
         (U, _), _ = jax.lax.scan(step, (U0, opt.init(U0)), None, length=steps)
-    X = lower[None] + U * width[None]
+    X = in_box(U)
     values = acquisition(X)
     values = jnp.where(jnp.isnan(values), -jnp.inf, values)
     i = jnp.argmax(values)

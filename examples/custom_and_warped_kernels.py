@@ -8,9 +8,6 @@ jax.config.update("jax_enable_x64", True)
 
 import equinox as eqx  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import optax  # noqa: E402
 from _figures import save  # noqa: E402
