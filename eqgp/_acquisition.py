@@ -109,11 +109,13 @@ def maximize_acquisition(
     num_starts: int = 32,
     steps: int = 100,
     learning_rate: float = 0.02,
+    initial: Float[ArrayLike, "M D"] | None = None,
 ) -> tuple[Float[Array, " D"], Float[Array, ""]]:
     """Maximise a pointwise acquisition over the box `[lower, upper]` by multi-start
-    gradient ascent: `num_starts` uniform random starts, all ascended at once (one batched
-    call of `acquisition` per step) by Adam on coordinates scaled to the unit box, each
-    step projected back into the box; the best point found wins.
+    gradient ascent: `num_starts` uniform random starts (and any `initial` points), all
+    ascended at once (one batched call of `acquisition` per step) by Adam on coordinates
+    scaled to the unit box, its rate decaying (cosine) to 1 % by the last step so that the
+    points settle, each step projected back into the box; the best point found wins.
 
     **Arguments:**
 
@@ -121,7 +123,10 @@ def maximize_acquisition(
       `expected_improvement` and friends: `lambda X: eqgp.log_expected_improvement(post, X, best)`).
     - `lower`, `upper`: the box, shape `(D,)` each, `lower < upper`.
     - `key`: a `jax.random` key for the starts.
-    - `num_starts`, `steps`, `learning_rate`: the ascent (the rate is in unit-box coordinates).
+    - `num_starts`, `steps`, `learning_rate`: the ascent (the rate is in unit-box coordinates;
+      its initial value).
+    - `initial`: optional further starts, shape `(M, D)`, e.g. points near the incumbent
+      (BoTorch's `batch_initial_conditions`); clipped into the box.
 
     **Returns:** `(x, value)`: the best point, shape `(D,)`, and its acquisition value.
     Usable under `jit` (`num_starts` and `steps` static).
@@ -145,8 +150,13 @@ def maximize_acquisition(
     def objective(U):
         return -jnp.sum(acquisition(in_box(U)))
 
-    opt = optax.adam(learning_rate)
+    opt = optax.adam(optax.cosine_decay_schedule(learning_rate, max(steps, 1), alpha=0.01))
     U0 = jax.random.uniform(key, (num_starts, lower.shape[0]), dtype)
+    if initial is not None:
+        initial = jnp.asarray(initial, dtype)
+        if initial.ndim != 2 or initial.shape[1] != lower.shape[0]:
+            raise ValueError(f"`initial` must have shape (M, {lower.shape[0]}); got {tuple(initial.shape)}.")
+        U0 = jnp.concatenate([U0, jnp.clip((initial - lower[None]) / width[None], 0.0, 1.0)])
 
     def step(carry, _):
         U, state = carry

@@ -16,7 +16,7 @@ from ._likelihood import log_marginal_likelihood
 from ._observations import Observations
 from ._operators import AbstractOperator, Value
 from ._prior import ConstantMean, ZeroMean, group_mean, group_noise, noise_per_group, prior
-from ._solvers import AbstractSolver, Cholesky
+from ._solvers import AbstractSolver, Cholesky, ConjugateGradient
 from ._solvers._cholesky import cholesky, not_pd
 
 # Default lower bounds of the noise variance per dtype (`GaussianProcess(noise_floor=...)`).
@@ -185,7 +185,10 @@ class Posterior(eqx.Module):
                 f"({operator.size(g.X.shape[1])} outputs): the noise of a new observation comes from a group "
                 "with the same operator."
             )
-        return group_noise(self.gp._noise_for(self.obs)[noise_group], g)[:: g.X.shape[0]].repeat(N)
+        noise = self.gp._noise_for(self.obs)[noise_group]
+        if g.noise.ndim == 2:  # known noise per target: a new observation has the model's noise only
+            g = eqx.tree_at(lambda g: g.noise, g, jnp.zeros((), g.X.dtype))
+        return group_noise(noise, g)[:: g.X.shape[0]].repeat(N)
 
     @jit
     def mean(self, X: Float[Array | np.ndarray, "N D"], operator: AbstractOperator = Value()) -> Array:
@@ -203,7 +206,9 @@ class Posterior(eqx.Module):
     ) -> Array:
         """Predictive variance of `operator` at `X`: of the latent function, or with
         `noise_group=g` of a new noisy observation like those of observation group `g`
-        (whose operator should match `operator`)."""
+        (whose operator should match `operator`): the model's noise of that group plus the
+        group's known noise where that is one per output (a per-target known noise is not
+        carried over to new points)."""
         X, P = self._points(X, operator)
         var = _operator_diag(self.gp.kernel, operator, X) - self._reduction(X, operator, diagonal=True)
         var = jnp.maximum(var, 0.0) + self._noise(noise_group, X.shape[0], operator)
@@ -223,22 +228,31 @@ class Posterior(eqx.Module):
         return cov + jnp.diag(jnp.broadcast_to(self._noise(noise_group, X.shape[0], operator), (cov.shape[0],)))
 
     @jit
-    def update(self, obs: Observations) -> "Posterior":
+    def update(self, obs: Observations, key: PRNGKeyArray | None = None) -> "Posterior":
         """The posterior given this one's observations and the new `obs` (appended as further
-        groups), by extending the Cholesky factor instead of refactorising: `O(R^2 R2)` for
-        `R2` new rows on `R` old ones, instead of `O((R + R2)^3)`. Equal to
-        `gp.condition(Observations(*old.groups, *obs.groups))` (exactly, to rounding, with the
-        default `jitter=0`; a jitter is applied to the new block's Schur complement only).
+        groups), reusing the work done for this one.
+
+        - `Cholesky`: the factor is extended instead of recomputed, `O(R^2 R2)` for `R2` new
+          rows on `R` old ones instead of `O((R + R2)^3)`. Equal to
+          `gp.condition(Observations(*old.groups, *obs.groups))` (exactly, to rounding, with
+          the default `jitter=0`; a jitter is applied to the new block's Schur complement only).
+        - `ConjugateGradient`: the new solve is warm-started from this posterior's solution
+          (padded with zeros for the new rows), so it needs fewer CG iterations; the
+          preconditioner is rebuilt (with `key` for the probes, as `condition`).
 
         For Bayesian optimisation: condition once, then `update` with each new evaluation.
-        Needs the `Cholesky` solver and one noise shared by all groups (`noise` a scalar, or
-        per-group noise given in `obs`'s own `ObservationGroup(noise=...)`).
+        Needs one noise shared by all groups (`noise` a scalar, or per-group noise given in
+        `obs`'s own `ObservationGroup(noise=...)`).
 
-        **Arguments:** `obs`, an `eqgp.Observations` of the same input dimension and dtype.
+        **Arguments:** `obs`, an `eqgp.Observations` of the same input dimension and dtype;
+        `key` as in `condition` (matrix-free solvers only).
         """
         solver = self.gp.solver
-        if not isinstance(solver, Cholesky):
-            raise TypeError(f"`Posterior.update` needs the Cholesky solver; this GP uses {type(solver).__name__}.")
+        if not isinstance(solver, (Cholesky, ConjugateGradient)):
+            raise TypeError(
+                "`Posterior.update` needs the Cholesky or ConjugateGradient solver; this GP uses "
+                f"{type(solver).__name__}."
+            )
         if not isinstance(obs, Observations):
             raise TypeError(f"`obs` must be an eqgp.Observations; got {type(obs).__name__}.")
         if len(self.gp.raw_noise) != 1:
@@ -252,6 +266,10 @@ class Posterior(eqx.Module):
         combined = Observations(*self.obs.groups, *obs.groups)
         cov, r = prior(self.gp.kernel, self.gp.mean, self.gp._noise_for(combined), combined)
         R1 = self.alpha.shape[0]
+        if isinstance(solver, ConjugateGradient):
+            state = solver.init(cov, key)
+            y0 = jnp.concatenate([self.alpha, jnp.zeros(r.shape[0] - R1, r.dtype)])
+            return Posterior(self.gp, combined, cov, state, solver.solve(state, r, y0=y0))
         new = list(cov.groups[len(self.obs.groups) :])
         rows = _operator_gram(self.gp.kernel, new, list(cov.groups))  # (R2, R1 + R2)
         K21 = rows[:, :R1]

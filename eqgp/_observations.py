@@ -14,18 +14,22 @@ class ObservationGroup(eqx.Module):
     """Targets of one observation operator at a set of points.
 
     `targets[i, p]` is output `p` of `operator` at `X[i]`; `noise` is a known (fixed)
-    noise variance, a scalar or one per output, added to the model's trainable noise.
+    noise variance, a scalar, one per output or one per target (heteroscedastic, as
+    GPyTorch's `FixedNoiseGaussianLikelihood`), added to the model's trainable noise.
     """
 
     operator: AbstractOperator
     X: Float[Array, "N D"]
     targets: Float[Array, "N P"]
-    noise: Float[Array, "*P"]
+    noise: Float[Array, "..."]
 
     def __init__(self, operator: AbstractOperator, X, targets, noise: ArrayLike = 0.0):
         """**Arguments:** `operator` (e.g. `eqgp.Gradient()`), points `X` `(N, D)`,
         `targets` `(N, P)` (or `(N,)` when the operator has one output), and a known
-        noise variance `noise` (scalar or `(P,)`, default 0)."""
+        noise variance `noise`, default 0: a scalar, `(P,)` (one per output), or `(N, P)`
+        (one per target; `(N,)` when the operator has one output). A large known noise
+        makes a target uninformative, which pads observations to a fixed size (one
+        compiled program for a growing data set)."""
         if not isinstance(operator, AbstractOperator):
             raise TypeError(f"`operator` must be an eqgp operator such as eqgp.Value(); got {operator!r:.80}.")
         X = as_points("X", X)
@@ -44,8 +48,14 @@ class ObservationGroup(eqx.Module):
         if t.dtype != X.dtype:
             raise TypeError(f"`targets` ({t.dtype}) and `X` ({X.dtype}) must share a dtype.")
         noise = jnp.asarray(noise, dtype=X.dtype)
-        if noise.shape not in ((), (P,)):
-            raise ValueError(f"`noise` must be a scalar or shape ({P},); got {tuple(noise.shape)}.")
+        N = X.shape[0]
+        if noise.ndim == 1 and P == 1 and noise.shape != (1,):
+            noise = noise[:, None]
+        if noise.shape not in ((), (P,), (N, P)):
+            raise ValueError(
+                f"`noise` must be a scalar, shape ({P},) (one per output) or {(N, P)} (one per target"
+                f"{'; or (' + str(N) + ',)' if P == 1 else ''}); got {tuple(noise.shape)}."
+            )
         if isinstance(noise, jax.core.Tracer):  # under jit: checked when the value exists
             noise = eqx.error_if(noise, ~jnp.all(noise >= 0), "`noise` of an observation group must be non-negative.")
         elif bool(np.any(~(np.asarray(noise) >= 0))) or not bool(np.all(np.isfinite(np.asarray(noise)))):

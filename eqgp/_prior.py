@@ -43,9 +43,11 @@ def group_mean(mean: Callable, operator, X: Array) -> Array:
 def group_noise(noise: Array, g: ObservationGroup) -> Array:
     """The diagonal noise of one group, component-major `(P N,)`: the model's trainable noise
     entry plus the group's known noise."""
-    P = g.targets.shape[1]
-    total = jnp.broadcast_to(noise.astype(g.X.dtype), (P,)) + jnp.broadcast_to(g.noise, (P,))
-    return jnp.repeat(total, g.X.shape[0])
+    N, P = g.targets.shape
+    model = jnp.broadcast_to(noise.astype(g.X.dtype), (P,))
+    if g.noise.ndim == 2:  # one known noise per target
+        return (model[:, None] + g.noise.T).reshape(-1)
+    return jnp.repeat(model + jnp.broadcast_to(g.noise, (P,)), N)
 
 
 def noise_per_group(noise: tuple[Array, ...], obs: Observations) -> tuple[Array, ...]:

@@ -79,6 +79,23 @@ def test_maximiser_finds_known_maxima_inside_the_box():
     assert_close(v, acq(x[None])[0], rtol=1e-12)
 
 
+def test_maximiser_initial_starts_and_settling():
+    # A narrow peak that one uniform start does not see (its gradient vanishes there): the
+    # `initial` start near it finds it, and the decaying rate settles on it precisely.
+    c = jnp.array([0.61, 0.27])
+    acq = lambda X: jnp.exp(-jnp.sum((X - c[None]) ** 2, axis=-1) / 0.02**2)  # noqa: E731
+    lo, hi = jnp.zeros(2), jnp.ones(2)
+    x, v = eqgp.maximize_acquisition(acq, lo, hi, jax.random.key(0), num_starts=1, steps=200)
+    assert float(v) < 1e-3
+    x, v = eqgp.maximize_acquisition(
+        acq, lo, hi, jax.random.key(0), num_starts=1, steps=200, initial=(c + 0.02)[None]
+    )
+    assert_close(x, c, atol=1e-5)
+    # jaxtyping's hook (on in the tests) or the function's own check names the argument.
+    with pytest.raises(Exception, match="initial"):
+        eqgp.maximize_acquisition(acq, lo, hi, jax.random.key(0), initial=jnp.zeros(2))
+
+
 def test_maximiser_on_expected_improvement_under_jit(post):
     p, ymax, _ = post
     lo, hi = -jnp.ones(2), jnp.ones(2)

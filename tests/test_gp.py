@@ -204,5 +204,33 @@ def test_update_equals_a_fresh_condition():
     with pytest.raises(ValueError, match="noise must be one entry shared by all groups"):
         two = eqgp.Observations((eqgp.Value(), X, y), (eqgp.Gradient(), X, G))
         eqgp.GaussianProcess(kernels.RBF(1.0), noise=[1e-4, 1e-3]).condition(two).update(new)
-    with pytest.raises(TypeError, match="needs the Cholesky solver"):
-        eqgp.GaussianProcess(kernels.RBF(1.0), solver=eqgp.ConjugateGradient()).condition(old).update(new)
+    # Matrix-free: warm-started from the old solution; equal to the exact posterior to CG's tolerance.
+    cg = eqx.tree_at(lambda m: m.solver, gp, eqgp.ConjugateGradient(rtol=1e-10, preconditioner_rank=20))
+    updated_cg = cg.condition(old).update(new)
+    assert_close(updated_cg.alpha, fresh.alpha, rtol=1e-6, atol=1e-8)
+    assert_close(updated_cg.mean(Xs), fresh.mean(Xs), rtol=1e-8, atol=1e-10)
+
+
+def test_padding_with_uninformative_targets_changes_nothing():
+    # Rows with a huge known noise are ignored: a data set padded to a fixed size (one
+    # compiled program for every size, as in a Bayesian-optimisation loop) trains and
+    # predicts as the unpadded one.
+    X = jax.random.uniform(jax.random.key(1), (5, 2), jnp.float64)
+    y, G = jax.vmap(jax.value_and_grad(lambda x: jnp.sin(3 * x[0]) * x[1]))(X)
+    obs = eqgp.Observations.values_and_gradients(X, y, G)
+    pad = 3
+    noise = jnp.concatenate([jnp.zeros((5, 3)), jnp.full((pad, 3), 1e12)])
+    padded = eqgp.Observations.values_and_gradients(
+        jnp.concatenate([X, jnp.broadcast_to(X[:1], (pad, 2))]),
+        jnp.concatenate([y, jnp.zeros(pad)]),
+        jnp.concatenate([G, jnp.zeros((pad, 2))]),
+        noise=noise,
+    )
+    gp = eqgp.GaussianProcess(kernels.Matern52([0.5, 0.7], variance=1.3), mean=0.2, noise=1e-4)
+    grad = eqx.filter_jit(eqx.filter_grad(lambda m, o: m.log_marginal_likelihood(o)))
+    for a, b in zip(jax.tree.leaves(grad(gp, padded)), jax.tree.leaves(grad(gp, obs))):
+        assert_close(a, b, rtol=1e-8, atol=1e-9)
+    Xs = jax.random.uniform(jax.random.key(2), (7, 2), jnp.float64)
+    p1, p2 = gp.condition(padded), gp.condition(obs)
+    assert_close(p1.mean(Xs), p2.mean(Xs), rtol=1e-9, atol=1e-10)
+    assert_close(p1.variance(Xs), p2.variance(Xs), rtol=1e-8, atol=1e-10)

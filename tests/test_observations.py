@@ -8,6 +8,7 @@ from helpers import assert_close
 
 import eqgp
 from eqgp import kernels
+from eqgp._prior import prior
 
 
 def test_constructors_and_component_major_targets():
@@ -33,10 +34,14 @@ def test_validation_names_the_argument():
         eqgp.ObservationGroup(eqgp.Gradient(), X, jnp.ones((4, 3)))
     with pytest.raises(TypeError, match="`targets` must be floating-point"):
         eqgp.ObservationGroup(eqgp.Value(), X, jnp.ones(4, jnp.int32))
-    with pytest.raises(ValueError, match=r"`noise` must be a scalar or shape \(1,\)"):
+    with pytest.raises(ValueError, match=r"`noise` must be a scalar, shape \(1,\) .* or \(4, 1\) .*; or \(4,\)"):
         eqgp.ObservationGroup(eqgp.Value(), X, jnp.ones(4), noise=jnp.ones(2))
+    with pytest.raises(ValueError, match=r"\(2,\) \(one per output\) or \(4, 2\) \(one per target\); got \(4,\)"):
+        eqgp.ObservationGroup(eqgp.Gradient(), X, jnp.ones((4, 2)), noise=jnp.ones(4))
     with pytest.raises(ValueError, match="`noise` must be non-negative and finite"):
         eqgp.ObservationGroup(eqgp.Value(), X, jnp.ones(4), noise=-1.0)
+    with pytest.raises(ValueError, match="`noise` must be non-negative and finite"):
+        eqgp.ObservationGroup(eqgp.Value(), X, jnp.ones(4), noise=jnp.array([0.0, 1.0, jnp.inf, 0.0]))
     with pytest.raises(TypeError, match="group 1 must be an ObservationGroup"):
         eqgp.Observations((eqgp.Value(), X, jnp.ones(4)), "gradients")
     with pytest.raises(ValueError, match="needs at least one group"):
@@ -70,3 +75,17 @@ def test_observation_validation():
     with pytest.raises(ValueError, match="noise entries"):
         gp = eqgp.GaussianProcess(kernels.RBF(), noise=[1e-2, 1e-2])
         gp.log_marginal_likelihood(eqgp.Observations.values(X, jnp.ones(4)))
+
+
+def test_per_target_noise_enters_the_diagonal_in_component_major_order():
+    X = jax.random.uniform(jax.random.key(0), (4, 2), jnp.float64)
+    noise = jnp.arange(12.0).reshape(4, 3) * 1e-3  # one per target: point i, output p
+    obs = eqgp.Observations.values_and_gradients(X, jnp.ones(4), jnp.ones((4, 2)), noise=noise)
+    gp = eqgp.GaussianProcess(kernels.RBF([0.5, 0.7]), noise=[jnp.array([1e-2, 2e-2, 3e-2])])
+    cov, _ = prior(gp.kernel, gp.mean, gp._noise_for(obs), obs)
+    dense = eqgp.operator_gram(gp.kernel, obs, obs)
+    expected = (jnp.array([1e-2, 2e-2, 3e-2])[None] + gp._floor(X.dtype) + noise).T.reshape(-1)
+    assert_close(jnp.diag(cov.as_matrix() - dense), expected, rtol=1e-12)
+    # (N,) for a one-output operator is one noise per point.
+    g = eqgp.ObservationGroup(eqgp.Value(), X, jnp.ones(4), noise=jnp.array([0.0, 1.0, 2.0, 3.0]))
+    assert g.noise.shape == (4, 1)

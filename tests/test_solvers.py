@@ -1,3 +1,5 @@
+import warnings
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -58,6 +60,23 @@ def test_cg_non_convergence_raises_or_warns(capfd):
     _, gp = _pair(eqgp.ConjugateGradient(max_steps=2, preconditioner_rank=0, on_failure="warn"))
     with pytest.warns(RuntimeWarning, match="relative residual of"):
         jax.block_until_ready(gp.condition(obs).alpha)
+        jax.effects_barrier()
+
+
+def test_cg_warm_start_is_used():
+    # Started at the solution, two CG steps are enough; from zero they are not.
+    _, obs = _problem(60)
+    exact, _ = _pair(None)
+    cov, r = prior(exact.kernel, exact.mean, exact._noise_for(obs), obs)
+    solver = eqgp.ConjugateGradient(max_steps=2, preconditioner_rank=0, on_failure="warn")
+    state = solver.init(cov)
+    x = jnp.linalg.solve(cov.as_matrix(), r)
+    with pytest.warns(RuntimeWarning, match="relative residual of"):
+        jax.block_until_ready(solver.solve(state, r))
+        jax.effects_barrier()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_close(solver.solve(state, r, y0=x), x, rtol=1e-6)
         jax.effects_barrier()
 
 

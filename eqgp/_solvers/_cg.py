@@ -89,9 +89,12 @@ class ConjugateGradient(AbstractSolver):
         probes = jax.random.rademacher(key, (R, self.num_probes), cov.dtype)
         return _CGState(cov, Woodbury(cov.noise, L), probes)
 
-    def solve(self, state: _CGState, B):
+    def solve(self, state: _CGState, B, y0=None):
+        """`K^{-1} B` by preconditioned CG, from `y0` (same shape as `B`; a warm start,
+        e.g. the previous solution padded with zeros) or from zero."""
         vec = B.ndim == 1
         B2 = B[:, None] if vec else B
+        Y0 = jnp.zeros_like(B2) if y0 is None else (y0[:, None] if vec else y0).astype(B2.dtype)
         k = B2.shape[1]
         cov = state.cov.with_tile_bytes(state.cov.tile_bytes // max(k, 1))
         structure = jax.ShapeDtypeStruct((cov.size,), cov.dtype)
@@ -99,10 +102,11 @@ class ConjugateGradient(AbstractSolver):
         pre = lx.FunctionLinearOperator(state.preconditioner.inv, structure, tags=lx.positive_semidefinite_tag)
         solver = lx.CG(rtol=self.rtol, atol=self.atol, max_steps=self.max_steps)
 
-        def one(b):
-            return lx.linear_solve(operator, b, solver, options={"preconditioner": pre}, throw=False).value
+        def one(b, y0):
+            options = {"preconditioner": pre, "y0": y0}
+            return lx.linear_solve(operator, b, solver, options=options, throw=False).value
 
-        X = jax.vmap(one, in_axes=1, out_axes=1)(B2)
+        X = jax.vmap(one, in_axes=1, out_axes=1)(B2, Y0)
         # The residual of the returned solution, recomputed (not CG's recursive estimate).
         res = B2 - cov.mv(X)
         # Relative in the max norm, as lineax's CG stops.

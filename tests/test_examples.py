@@ -1,0 +1,41 @@
+"""The Bayesian-optimisation study of `examples/bayesian_optimisation.py`, in a small setting."""
+
+import importlib.util
+import pathlib
+import sys
+
+import numpy as np
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+
+
+def _load(name: str):
+    sys.path.insert(0, str(EXAMPLES))  # the examples import their `_figures` helper
+    try:
+        spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    return module
+
+
+def test_bayesian_optimisation_study_small_setting():
+    bo = _load("bayesian_optimisation")
+    branin = bo.PROBLEMS[0]
+    regrets, rmse = bo.main(seeds=2, problems=(branin,), budget_cap=10, rmse_ns=(8,), rmse_seeds=1, figures=False)
+    per = regrets["Branin"]
+    assert set(per) == set(bo.METHODS)
+    for r in per.values():
+        assert r.shape == (2, 10)
+        assert np.all(r >= 0) and np.all(np.diff(r, axis=1) <= 0)  # best-so-far regret
+    # Every method starts from the same design of D + 1 = 3 points per seed.
+    np.testing.assert_array_equal(per["gradient BO"][:, :3], per["random"][:, :3])
+    np.testing.assert_array_equal(per["value BO"][:, :3], per["random"][:, :3])
+    # After 7 iterations, gradient-enhanced BO is far ahead of random search on Branin
+    # (measured: regret ~1e-3 against ~1).
+    assert np.median(per["gradient BO"][:, -1]) < 0.1 * np.median(per["random"][:, -1])
+    # Gradients make the Hartmann-6 model better than values at the same points.
+    assert rmse[8]["gradient GP, n"] < rmse[8]["value GP, n"]
+    # The iteration to regret 1e-3: the first index where it holds, 1-based; inf where never.
+    assert bo.evaluations_to_reach(np.array([[1.0, 1e-2, 1e-4], [1.0, 1.0, 1.0], [1e-4, 0, 0]]), 1e-3) == 3.0
