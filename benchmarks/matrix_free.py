@@ -7,7 +7,10 @@
     on 2 cores);
 (d) high D: N gradient observations at D = 1 000 (and 10 000 with `--large`), NLML + gradient;
     and exactness against Cholesky where the dense one fits;
-(e) 1 vs 4 simulated CPU devices (a subprocess each), the same product.
+(e) 1 vs 4 simulated CPU devices (a subprocess each), the same product;
+(f) predictive variances at 200 test points, N = 700, D = 2 with gradients (2 100 rows): one CG
+    solve per point vs the LOVE cache (`variance_rank=100`), each including `condition`, and
+    the cache's error against Cholesky.
 
 Default environment, medians of repeated runs; the last line is `RESULT matrix_free <ratio (a)>`.
 """
@@ -121,6 +124,32 @@ def devices(n):
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def love(N=700, D=2, M=200):
+    X = jax.random.uniform(jax.random.key(0), (N, D), jnp.float64, -3, 3)
+    f = lambda x: jnp.sin(2 * x[0]) * jnp.cos(x[1])  # noqa: E731
+    obs = eqgp.Observations.values_and_gradients(X, jax.vmap(f)(X), jax.vmap(jax.grad(f))(X))
+    Xs = jax.random.uniform(jax.random.key(1), (M, D), jnp.float64, -3, 3)
+    k = kernels.RBF([0.8, 1.1])
+    variance = eqx.filter_jit(lambda gp: gp.condition(obs).variance(Xs))
+
+    def solver(rank):
+        return eqgp.ConjugateGradient(rtol=1e-8, preconditioner_rank=100, variance_rank=rank)
+
+    gps = {
+        name: eqgp.GaussianProcess(k, noise=1e-3, solver=s)
+        for name, s in (("cholesky", eqgp.Cholesky()), ("cg", solver(0)), ("love", solver(100)))
+    }
+    exact = variance(gps["cholesky"])
+    err = float(jnp.max(jnp.abs(variance(gps["love"]) - exact) / exact))
+    t_cg = median_time(variance, gps["cg"], repeats=3, warmup=1)
+    t_love = median_time(variance, gps["love"], repeats=3, warmup=1)
+    print(
+        f"(f) variances at {M} points, {obs.size} rows: CG per point {t_cg * 1e3:.0f} ms, LOVE cache "
+        f"{t_love * 1e3:.0f} ms (both incl. condition); LOVE vs Cholesky max relative error {err:.1e}"
+    )
+    print(f"RESULT matrix_free_love_speedup {t_cg / t_love:.2f}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--large", action="store_true", help="run (c) at 100 000+ rows and (d) at D = 10 000")
@@ -132,6 +161,7 @@ def main():
     if args.large:
         high_d(100, 10_000, check_exact=False)
         large(100, 999)
+    love()
     t1, t4 = devices(1), devices(4)
     print(
         f"(e) product N=1000 D=10: 1 device {t1 * 1e3:.1f} ms, 4 simulated devices {t4 * 1e3:.1f} ms "

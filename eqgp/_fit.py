@@ -6,6 +6,7 @@ import weakref
 from collections.abc import Callable
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -129,7 +130,8 @@ def fit(
 def _step(model, opt_state, args, loss, optimizer):
     value, grads = eqx.filter_value_and_grad(loss)(model, *args)
     params = eqx.filter(model, eqx.is_inexact_array)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
+    with jax.numpy_dtype_promotion("standard"):  # optax's Adam mixes its int32 count and floats
+        updates, opt_state = optimizer.update(grads, opt_state, params)
     return eqx.apply_updates(model, updates), opt_state, value
 
 

@@ -131,7 +131,8 @@ class GaussianProcess(eqx.Module):
         **Arguments:** `obs`, an `eqgp.Observations`; `key` as in `log_marginal_likelihood`."""
         cov, r = prior(self.kernel, self.mean, self._noise_for(obs), obs)
         state = self.solver.init(cov, key)
-        return Posterior(self, obs, cov, state, self.solver.solve(state, r))
+        alpha = self.solver.solve(state, r)
+        return Posterior(self, obs, cov, self.solver.for_prediction(state), alpha)
 
 
 _SAMPLE_TRIES = 6
@@ -269,7 +270,8 @@ class Posterior(eqx.Module):
         if isinstance(solver, ConjugateGradient):
             state = solver.init(cov, key)
             y0 = jnp.concatenate([self.alpha, jnp.zeros(r.shape[0] - R1, r.dtype)])
-            return Posterior(self.gp, combined, cov, state, solver.solve(state, r, y0=y0))
+            alpha = solver.solve(state, r, y0=y0)
+            return Posterior(self.gp, combined, cov, solver.for_prediction(state), alpha)
         new = list(cov.groups[len(self.obs.groups) :])
         rows = _operator_gram(self.gp.kernel, new, list(cov.groups))  # (R2, R1 + R2)
         K21 = rows[:, :R1]

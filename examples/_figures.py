@@ -29,6 +29,6 @@ def maps(grid, panels, suptitle: str, xlabel: str = "$x_1$", ylabel: str = "$x_2
 
 def save(fig, script: str, name: str) -> None:
     out = pathlib.Path(script).with_name(name)
-    fig.savefig(out, dpi=90)
+    fig.savefig(out, dpi=90, bbox_inches="tight")
     plt.close(fig)
     print(f"wrote {out}")

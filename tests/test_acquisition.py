@@ -87,9 +87,7 @@ def test_maximiser_initial_starts_and_settling():
     lo, hi = jnp.zeros(2), jnp.ones(2)
     x, v = eqgp.maximize_acquisition(acq, lo, hi, jax.random.key(0), num_starts=1, steps=200)
     assert float(v) < 1e-3
-    x, v = eqgp.maximize_acquisition(
-        acq, lo, hi, jax.random.key(0), num_starts=1, steps=200, initial=(c + 0.02)[None]
-    )
+    x, v = eqgp.maximize_acquisition(acq, lo, hi, jax.random.key(0), num_starts=1, steps=200, initial=(c + 0.02)[None])
     assert_close(x, c, atol=1e-5)
     # jaxtyping's hook (on in the tests) or the function's own check names the argument.
     with pytest.raises(Exception, match="initial"):

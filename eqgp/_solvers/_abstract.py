@@ -19,6 +19,11 @@ class AbstractSolver(eqx.Module):
     def init(self, cov: Covariance, key: PRNGKeyArray | None = None):
         """Prepare the state for `cov` (`eqgp.Covariance`, `R x R`); `key` seeds any probe vectors."""
 
+    def for_prediction(self, state):
+        """The state a `Posterior` keeps: `state`, or one extended with caches that make
+        predictions cheaper (e.g. a Lanczos cache for variances). Called once per `condition`."""
+        return state
+
     @abc.abstractmethod
     def solve(self, state, B: Float[Array, "R ..."]) -> Float[Array, "R ..."]:
         """`K^{-1} B`."""

@@ -1,3 +1,4 @@
+import dataclasses
 import warnings
 
 import equinox as eqx
@@ -17,6 +18,10 @@ class _CGState(eqx.Module):
     cov: Covariance
     preconditioner: Woodbury
     probes: Float[Array, "R s"]
+    # LOVE cache (`variance_rank > 0`, built by `for_prediction`): Lanczos vectors `Q` (k, R)
+    # of the whitened covariance `A = F^{-1} K F^{-T}` and `C = T^{-1} - I` (k, k), so that
+    # `K^{-1} ~ P^{-1} + F^{-T} Q^T C Q F^{-1}` (exact on the Krylov space, `P^{-1}` elsewhere).
+    love: tuple[Array, Array] | None = None
 
 
 def _report(rel, rtol, max_steps, on_failure):
@@ -43,7 +48,19 @@ class ConjugateGradient(AbstractSolver):
       quadrature (`matfree`) with `num_probes` Rademacher probes and `num_lanczos` steps;
     - the likelihood's gradient estimates `tr(K^{-1} dK)` with the same probes
       (`E[(K^{-1} F w)(F^{-T} w)^T] = K^{-1}`), with the preconditioner's exact trace as a
-      control variate; unbiased.
+      control variate; unbiased;
+    - predictive variances and covariances: with `variance_rank=0` (default) one CG solve
+      per predicted output (accurate to `rtol`, costly for many test points); with
+      `variance_rank=k > 0` a LOVE cache (Pleiss et al. 2018) built once per `condition`:
+      `k` Lanczos steps on the preconditioned covariance `F^{-1} K F^{-T}` (full
+      reorthogonalisation, matfree), after which a variance costs one cross-covariance row and
+      `O(R (k + preconditioner_rank))`. It is exact on the Krylov space and uses the
+      preconditioner's inverse elsewhere, which overestimates the variance explained where
+      the Krylov space misses the whitened covariance's large eigenvalues: too small a cache
+      with too weak a preconditioner gives too small variances. Measured at 600 rows (RBF,
+      noise 1e-2), max relative error of the value variances for (preconditioner_rank,
+      variance_rank): (50, 100) 2e-7, (0, 100) 1.3e-7, (50, 50) 1.6e-4, (10, 50) 0.36,
+      (10, 10) useless. Check against `variance_rank=0` on a subset when in doubt.
 
     Probes come from the `key` given to `GaussianProcess.log_marginal_likelihood` /
     `condition`; with `key=None` a fixed key is used, so the objective is a deterministic
@@ -54,6 +71,10 @@ class ConjugateGradient(AbstractSolver):
     (`on_failure="raise"`, after printing the residual reached) or warns with it
     (`on_failure="warn"`); never a silent wrong answer. Memory: about `tile_bytes` for the
     product plus `O(R (num_probes + num_lanczos + preconditioner_rank))`.
+
+    `shard=True` splits every covariance product's row tiles over `jax.devices()`
+    (`jax.sharding`; several hosts after `jax.distributed.initialize()`): the same code on
+    one device or many, equal results (tested with 4 simulated CPU devices).
     """
 
     rtol: float = eqx.field(static=True, default=1e-6)
@@ -64,21 +85,25 @@ class ConjugateGradient(AbstractSolver):
     preconditioner_rank: int = eqx.field(static=True, default=128)
     tile_bytes: int = eqx.field(static=True, default=2**28)
     on_failure: str = eqx.field(static=True, default="raise")  # "raise" or "warn"
+    variance_rank: int = eqx.field(static=True, default=0)
+    shard: bool = eqx.field(static=True, default=False)
 
     def __check_init__(self):
         for name in ("max_steps", "num_probes", "num_lanczos", "tile_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be a positive int; got {value!r}.")
-        if not isinstance(self.preconditioner_rank, int) or self.preconditioner_rank < 0:
-            raise ValueError(f"`preconditioner_rank` must be a non-negative int; got {self.preconditioner_rank!r}.")
+        for name in ("preconditioner_rank", "variance_rank"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"`{name}` must be a non-negative int; got {value!r}.")
         if not self.rtol > 0 or not self.atol >= 0:
             raise ValueError(f"`rtol` must be positive and `atol` non-negative; got {self.rtol}, {self.atol}.")
         if self.on_failure not in ("raise", "warn"):
             raise ValueError(f"`on_failure` must be 'raise' or 'warn'; got {self.on_failure!r}.")
 
     def init(self, cov: Covariance, key: PRNGKeyArray | None = None) -> _CGState:
-        cov = cov.with_tile_bytes(self.tile_bytes)
+        cov = dataclasses.replace(cov.with_tile_bytes(self.tile_bytes), shard=self.shard or cov.shard)
         R = cov.size
         rank = min(self.preconditioner_rank, R)
         if rank > 0:
@@ -88,6 +113,24 @@ class ConjugateGradient(AbstractSolver):
         key = jax.random.key(0) if key is None else key
         probes = jax.random.rademacher(key, (R, self.num_probes), cov.dtype)
         return _CGState(cov, Woodbury(cov.noise, L), probes)
+
+    def for_prediction(self, state: _CGState) -> _CGState:
+        R = state.cov.size
+        steps = min(self.variance_rank, R)
+        if steps == 0:
+            return state
+        pre = state.preconditioner
+        cov = state.cov
+
+        def whitened(w):
+            return pre.inv_sqrt(cov.mv(pre.inv_sqrt_t(w)))
+
+        start = state.probes[:, 0] if state.probes.shape[1] else jnp.ones((R,), cov.dtype)
+        Q, T, *_ = matfree.decomp.tridiag_sym(steps, reortho="full", custom_vjp=False)(
+            whitened, start / jnp.linalg.norm(start)
+        )
+        C = jnp.linalg.inv(T) - jnp.eye(steps, dtype=T.dtype)
+        return eqx.tree_at(lambda s: s.love, state, (Q, 0.5 * (C + C.T)), is_leaf=lambda x: x is None)
 
     def solve(self, state: _CGState, B, y0=None):
         """`K^{-1} B` by preconditioned CG, from `y0` (same shape as `B`; a warm start,
@@ -144,7 +187,12 @@ class ConjugateGradient(AbstractSolver):
             evals, evecs = jnp.linalg.eigh(T)
             return length**2 * jnp.sum(evecs[0] ** 2 * jnp.log(evals))
 
-        samples = jax.vmap(quadform, in_axes=1)(state.probes)
+        if cov.shard:
+            # Sharded: one probe after another. XLA:CPU deadlocked (4 simulated devices, jaxlib
+            # 0.10) on the sharded product batched over probes inside matfree's Lanczos loop.
+            samples = jax.lax.map(quadform, state.probes.T)
+        else:
+            samples = jax.vmap(quadform, in_axes=1)(state.probes)
         return pre.logdet() + jnp.mean(samples)
 
     def likelihood_pieces(self, state: _CGState, alpha):
@@ -162,6 +210,15 @@ class ConjugateGradient(AbstractSolver):
         return U, V, -0.5 * d
 
     def inv_quad(self, state: _CGState, B, diagonal):
+        if state.love is not None:  # the LOVE cache: no solves
+            Q, C = state.love
+            pre = state.preconditioner
+            W = Q @ pre.inv_sqrt(B)  # (k, m)
+            PB = pre.inv(B)
+            if diagonal:
+                return jnp.sum(B * PB, axis=0) + jnp.sum(W * (C @ W), axis=0)
+            out = B.T @ PB + W.T @ (C @ W)
+            return 0.5 * (out + out.T)
         S = self.solve(state, B)
         if diagonal:
             return jnp.sum(B * S, axis=0)
