@@ -23,7 +23,7 @@ def _load(name: str):
 def test_bayesian_optimisation_study_small_setting():
     bo = _load("bayesian_optimisation")
     branin = bo.PROBLEMS[0]
-    regrets, rmse = bo.main(seeds=2, problems=(branin,), budget_cap=10, rmse_ns=(8,), rmse_seeds=1, figures=False)
+    regrets, rmse = bo.main(seeds=2, problems=(branin,), budget_cap=10, rmse_ns=(10,), rmse_seeds=1, figures=False)
     per = regrets["Branin"]
     assert set(per) == set(bo.METHODS)
     for r in per.values():
@@ -33,9 +33,9 @@ def test_bayesian_optimisation_study_small_setting():
     np.testing.assert_array_equal(per["gradient BO"][:, :3], per["random"][:, :3])
     np.testing.assert_array_equal(per["value BO"][:, :3], per["random"][:, :3])
     # After 7 iterations, gradient-enhanced BO is far ahead of random search on Branin
-    # (measured: regret ~1e-3 against ~1).
+    # (measured: median regret 0.08 against 2.9).
     assert np.median(per["gradient BO"][:, -1]) < 0.1 * np.median(per["random"][:, -1])
     # Gradients make the Hartmann-6 model better than values at the same points.
-    assert rmse[8]["gradient GP, n"] < rmse[8]["value GP, n"]
+    assert rmse[10]["gradient GP, n"] < rmse[10]["value GP, n"]
     # The iteration to regret 1e-3: the first index where it holds, 1-based; inf where never.
     assert bo.evaluations_to_reach(np.array([[1.0, 1e-2, 1e-4], [1.0, 1.0, 1.0], [1e-4, 0, 0]]), 1e-3) == 3.0
