@@ -128,6 +128,15 @@ def test_cholesky_jitter_and_not_positive_definite():
     assert_close(L @ L.T, cov.as_matrix() + 1e-6 * jnp.eye(3), rtol=1e-12, atol=1e-14)
 
 
+def test_cholesky_jitter_is_relative_to_the_kernel_not_the_noise():
+    # Padding rows with a huge known noise must not inflate the jitter of the real rows.
+    X = jnp.zeros((4, 1))
+    obs = eqgp.Observations.values(X, jnp.zeros(4), noise=jnp.array([0.0, 0.0, 1e10, 1e10]))
+    cov, _ = prior(kernels.RBF(1.0, variance=2.0), eqgp.ZeroMean(), (jnp.asarray(0.0),), obs)
+    L = eqgp.Cholesky(jitter=1e-6).init(cov)
+    assert_close(L @ L.T, cov.as_matrix() + 2e-6 * jnp.eye(4), rtol=1e-12, atol=1e-9)
+
+
 def test_solver_options_are_checked():
     with pytest.raises(ValueError, match="max_steps"):
         eqgp.ConjugateGradient(max_steps=0)

@@ -27,15 +27,15 @@ NOT_PD = not_pd(
     "(`eqgp.Cholesky(max_tries=3)`) or raise the noise (`noise_floor`).",
 )
 
-# First jitter of the retries when none is given (times the mean of the diagonal).
+# First jitter of the retries when none is given (times the scale: the mean of the diagonal).
 _FIRST_JITTER = {jnp.dtype(jnp.float32): 1e-6, jnp.dtype(jnp.float64): 1e-8}
 
 
 def _report(jitter, needed, ok):
     if needed and ok:
         warnings.warn(
-            f"eqgp.Cholesky: the covariance needed jitter {float(jitter):.1e} (times the mean of its "
-            "diagonal) to factorise.",
+            f"eqgp.Cholesky: the covariance needed jitter {float(jitter):.1e} (times the mean of the "
+            "kernel's diagonal) to factorise.",
             RuntimeWarning,
             stacklevel=2,
         )
@@ -57,15 +57,16 @@ def _warn_float32(cond):
         )
 
 
-def cholesky(A: Array, jitter: float, max_tries: int = 0, message: str = NOT_PD) -> Array:
-    """The lower Cholesky factor of `A + j * mean(diag A) * I` with `j = jitter`; or, with
+def cholesky(A: Array, jitter: float, max_tries: int = 0, message: str = NOT_PD, scale=None) -> Array:
+    """The lower Cholesky factor of `A + j * scale * I` with `j = jitter` and `scale` by default
+    `mean(diag A)`; or, with
     `max_tries > 0` and where that fails, with `j` growing tenfold per try (from `jitter`, or
     1e-6 / 1e-8 for float32 / float64), as GPyTorch's `psd_safe_cholesky`. The jitter a retry
     needed is reported by a warning (also under `jit`). Failure: an `eqx.error_if` error."""
     n = A.shape[0]
     if n == 0:
         return A
-    scale = jnp.mean(jnp.diagonal(A))
+    scale = jnp.mean(jnp.diagonal(A)) if scale is None else jnp.asarray(scale, A.dtype)
     eye = jnp.eye(n, dtype=A.dtype)
 
     def factor(j):
@@ -96,8 +97,9 @@ def cholesky(A: Array, jitter: float, max_tries: int = 0, message: str = NOT_PD)
 
 
 class Cholesky(AbstractSolver):
-    """Dense Cholesky of `cov.as_matrix()`, with `jitter` (times the mean of the diagonal)
-    added to the diagonal: exact, memory `R^2`, time `R^3 / 3`.
+    """Dense Cholesky of `cov.as_matrix()`, with `jitter` (times the mean of the kernel's
+    diagonal, the noise excluded, so that huge known noise on padding rows does not inflate
+    it) added to the diagonal: exact, memory `R^2`, time `R^3 / 3`.
 
     `max_tries > 0` makes it robust (opt-in, as GPyTorch's `psd_safe_cholesky`): where the
     factorisation fails it retries with tenfold jitter up to `max_tries` times and warns
@@ -117,7 +119,10 @@ class Cholesky(AbstractSolver):
             raise ValueError(f"`max_tries` must be an int >= 0; got {self.max_tries!r}.")
 
     def init(self, cov: Covariance, key=None) -> Float[Array, "R R"]:
-        L = cholesky(cov.as_matrix(), self.jitter, self.max_tries)
+        A = cov.as_matrix()
+        kernel_scale = jnp.mean(jnp.diagonal(A) - cov.noise) if A.shape[0] else jnp.zeros((), A.dtype)
+        scale = jnp.where(kernel_scale > 0, kernel_scale, jnp.mean(jnp.diagonal(A)) if A.shape[0] else 0.0)
+        L = cholesky(A, self.jitter, self.max_tries, scale=scale)
         if L.dtype == jnp.float32 and L.shape[0]:
             # (max L_ii / min L_ii)^2 is a lower bound of the condition number, free here.
             d = jnp.diagonal(L)
