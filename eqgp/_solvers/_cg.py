@@ -38,6 +38,15 @@ def _report(rel, rtol, max_steps, on_failure):
             print(msg)
 
 
+def _whitened(pre: Woodbury, cov: Covariance):
+    """`w -> F^{-1} K F^{-T} w`: well conditioned when the preconditioner `P = F F^T` is close to K."""
+
+    def mv(w):
+        return pre.inv_sqrt(cov.mv(pre.inv_sqrt_t(w)))
+
+    return mv
+
+
 class ConjugateGradient(AbstractSolver):
     """Matrix-free: preconditioned conjugate gradients and stochastic Lanczos quadrature
     (BBMM, Gardner et al. 2018) on the covariance operator, which is never formed.
@@ -119,15 +128,9 @@ class ConjugateGradient(AbstractSolver):
         steps = min(self.variance_rank, R)
         if steps == 0:
             return state
-        pre = state.preconditioner
-        cov = state.cov
-
-        def whitened(w):
-            return pre.inv_sqrt(cov.mv(pre.inv_sqrt_t(w)))
-
-        start = state.probes[:, 0] if state.probes.shape[1] else jnp.ones((R,), cov.dtype)
+        start = state.probes[:, 0] if state.probes.shape[1] else jnp.ones((R,), state.cov.dtype)
         Q, T, *_ = matfree.decomp.tridiag_sym(steps, reortho="full", custom_vjp=False)(
-            whitened, start / jnp.linalg.norm(start)
+            _whitened(state.preconditioner, state.cov), start / jnp.linalg.norm(start)
         )
         C = jnp.linalg.inv(T) - jnp.eye(steps, dtype=T.dtype)
         return eqx.tree_at(lambda s: s.love, state, (Q, 0.5 * (C + C.T)), is_leaf=lambda x: x is None)
@@ -173,10 +176,9 @@ class ConjugateGradient(AbstractSolver):
             return jnp.zeros((), cov.dtype)
         pre = state.preconditioner
         s = state.probes.shape[1]
-        batched = cov.with_tile_bytes(cov.tile_bytes // s)
-
-        def whitened(w):  # F^{-1} K F^{-T} w: well conditioned when P ~ K
-            return pre.inv_sqrt(batched.mv(pre.inv_sqrt_t(w)))
+        # Batched over the probes, each product's tiles share the budget; sharded, the probes
+        # run one after another (below) and each product has all of it.
+        whitened = _whitened(pre, cov if cov.shard else cov.with_tile_bytes(cov.tile_bytes // s))
 
         steps = min(self.num_lanczos, R)
         tridiag = matfree.decomp.tridiag_sym(steps, custom_vjp=False)

@@ -120,8 +120,11 @@ class Cholesky(AbstractSolver):
 
     def init(self, cov: Covariance, key=None) -> Float[Array, "R R"]:
         A = cov.as_matrix()
-        kernel_scale = jnp.mean(jnp.diagonal(A) - cov.noise) if A.shape[0] else jnp.zeros((), A.dtype)
-        scale = jnp.where(kernel_scale > 0, kernel_scale, jnp.mean(jnp.diagonal(A)) if A.shape[0] else 0.0)
+        scale = None  # an empty matrix needs none
+        if A.shape[0]:
+            diag = jnp.diagonal(A)
+            kernel = jnp.mean(diag - cov.noise)
+            scale = jnp.where(kernel > 0, kernel, jnp.mean(diag))
         L = cholesky(A, self.jitter, self.max_tries, scale=scale)
         if L.dtype == jnp.float32 and L.shape[0]:
             # (max L_ii / min L_ii)^2 is a lower bound of the condition number, free here.
