@@ -35,4 +35,5 @@ from ._solvers import (
     AbstractSolver as AbstractSolver,
     Cholesky as Cholesky,
     ConjugateGradient as ConjugateGradient,
+    StructuredGradients as StructuredGradients,
 )

@@ -11,9 +11,10 @@ PUBLIC = {
     "eqgp": [
         "AbstractOperator", "AbstractSolver", "Cholesky", "ConjugateGradient", "ConstantMean", "Covariance",
         "Directional", "FitError", "GaussianProcess", "Gradient", "Hessian", "ObservationGroup", "Observations",
-        "Partial", "Posterior", "Value", "ValueAndGradient", "ZeroMean", "compiler_options", "expected_improvement",
-        "fit", "gradient_gram", "gram", "kernels", "log_expected_improvement", "log_marginal_likelihood",
-        "maximize_acquisition", "nn", "operator_diag", "operator_gram", "ops", "upper_confidence_bound",
+        "Partial", "Posterior", "StructuredGradients", "Value", "ValueAndGradient", "ZeroMean", "compiler_options",
+        "expected_improvement", "fit", "gradient_gram", "gram", "kernels", "log_expected_improvement",
+        "log_marginal_likelihood", "maximize_acquisition", "nn", "operator_diag", "operator_gram", "ops",
+        "upper_confidence_bound",
     ],
     "eqgp.kernels": [
         "AbstractKernel", "AbstractLengthscaleKernel", "ActiveDims", "AbstractMatern", "AbstractStationaryKernel",

@@ -1,4 +1,5 @@
 import abc
+from typing import ClassVar
 
 import equinox as eqx
 from jaxtyping import Array, Float, PRNGKeyArray
@@ -13,7 +14,13 @@ class AbstractSolver(eqx.Module):
     vectors); the other methods use it. Everything the likelihood and the posterior need
     goes through these methods, so a dense and a matrix-free solver are interchangeable in
     `GaussianProcess(..., solver=...)`.
+
+    A solver whose `init`, `solve` and `logdet` are plain differentiable JAX code (a
+    structured closed form) sets `differentiable = True`: the likelihood is then
+    differentiated straight through it instead of by the shared backward rule.
     """
+
+    differentiable: ClassVar[bool] = False
 
     @abc.abstractmethod
     def init(self, cov: Covariance, key: PRNGKeyArray | None = None):
