@@ -41,7 +41,7 @@ def test_structure_rebuilds_the_dense_covariance():
     k = kernels.RBF(jnp.linspace(0.8, 1.6, D), variance=1.3)
     gp = eqgp.GaussianProcess(k, noise=jnp.linspace(1e-3, 1e-2, D))
     cov, _ = prior(gp.kernel, gp.mean, gp._noise_for(obs), obs)
-    state = eqgp.StructuredGradients().init(cov)
+    state = eqgp.StructuredGradients().init(cov).block
     A = jnp.einsum("ai,pi,bi->pab", state.Q, 1.0 / state.E, state.Q)  # (D, N, N) blocks of A
     A = jax.scipy.linalg.block_diag(*A)
     U = jnp.einsum("ae,pc->paec", jnp.eye(N), state.Y).reshape(D * N, N * N)
@@ -65,6 +65,32 @@ def test_likelihood_gradient_and_posterior_match_cholesky(name):
         assert_close(p2.mean(Xs, op), p1.mean(Xs, op), rtol=1e-10, atol=1e-12)
         assert_close(p2.variance(Xs, op), p1.variance(Xs, op), rtol=1e-8, atol=1e-12)
     assert_close(p2.covariance(Xs), p1.covariance(Xs), rtol=1e-8, atol=1e-12)
+
+
+def test_values_and_other_observations_by_schur_complement():
+    # Values at the gradient points (ValueAndGradient), values elsewhere before or after the
+    # gradient group, and a partial-derivative group: all rows besides the gradient block are
+    # eliminated densely; every order of rows must come back in the covariance's order.
+    D = 4
+    X = jax.random.normal(jax.random.key(1), (6, D))
+    X2 = jax.random.normal(jax.random.key(2), (3, D))
+    G, y, y2 = jnp.cos(X), jnp.sum(jnp.sin(X), 1), jnp.sum(jnp.sin(X2), 1)
+    cases = {
+        "value_and_gradient": [(eqgp.ValueAndGradient(), X, jnp.concatenate([y[:, None], G], 1))],
+        "values_first": [(eqgp.Value(), X2, y2), (eqgp.Gradient(), X, G)],
+        "values_last_and_partials": [(eqgp.Gradient(), X, G), (eqgp.Value(), X2, y2), (eqgp.Partial(1), X2, y2)],
+    }
+    for name, groups in cases.items():
+        obs = eqgp.Observations(*groups)
+        exact, structured = _both(kernels.RBF(jnp.linspace(0.8, 1.6, D)), obs, noise=1e-2, mean=0.1)
+        (v1, g1), (v2, g2) = _value_and_grad(exact, obs), _value_and_grad(structured, obs)
+        assert_close(v2, v1, rtol=1e-12, err_msg=name)
+        for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+            assert_close(b, a, rtol=1e-9, atol=1e-12, err_msg=name)
+        Xs = X2 + 0.1
+        p1, p2 = exact.condition(obs), structured.condition(obs)
+        assert_close(p2.mean(Xs), p1.mean(Xs), rtol=1e-10, atol=1e-12, err_msg=name)
+        assert_close(p2.variance(Xs, eqgp.Gradient()), p1.variance(Xs, eqgp.Gradient()), rtol=1e-8, atol=1e-12)
 
 
 def test_high_dimension_more_dimensions_than_points():
@@ -102,10 +128,10 @@ def test_float32():
 def test_unsupported_problems_are_refused():
     obs = _obs(4, 3)
     solver = eqgp.StructuredGradients()
-    with pytest.raises(ValueError, match="one group of `eqgp.Gradient`"):
-        X = obs.groups[0].X
-        both = eqgp.Observations.values_and_gradients(X, jnp.zeros(4), obs.groups[0].targets)
-        eqgp.GaussianProcess(kernels.RBF(), solver=solver).log_marginal_likelihood(both)
+    X = obs.groups[0].X
+    for groups in ([(eqgp.Value(), X, jnp.zeros(4))], [(eqgp.Gradient(), X, obs.groups[0].targets)] * 2):
+        with pytest.raises(ValueError, match="one group of `eqgp.Gradient`"):
+            eqgp.GaussianProcess(kernels.RBF(), solver=solver).log_marginal_likelihood(eqgp.Observations(*groups))
     with pytest.raises(TypeError, match="stationary kernel"):
         eqgp.GaussianProcess(kernels.Periodic(), solver=solver).log_marginal_likelihood(obs)
     per_target = 0.1 + 0.1 * jnp.arange(12.0).reshape(4, 3)

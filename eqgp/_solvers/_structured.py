@@ -13,6 +13,9 @@ rank `N^2` with `U[(p, a), (e, c)] = delta_ae (L x_c)_p` and the sparse `C` of
 leaves one dense `N^2 x N^2` system: time `O(N^2 D + N^6)` and memory `O(N D + N^4)`
 instead of `O(N^3 D^3)` and `O(N^2 D^2)`. N = 100 points in D = 10 000 (a million rows)
 take seconds to a minute on a laptop, exactly.
+
+Other observations (values, or any other operator) add `M` rows, eliminated by a dense Schur
+complement: `M` more structured solves and an `M x M` Cholesky.
 """
 
 from typing import ClassVar
@@ -21,12 +24,15 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
+import numpy as np
 from jaxtyping import Array, Float
 
 from .._covariance import Covariance
+from .._gram import operator_gram
 from .._kernels import AbstractStationaryKernel, _per_dimension
-from .._operators import Gradient
+from .._operators import Gradient, Value, ValueAndGradient
 from ._abstract import AbstractSolver
+from ._cholesky import cholesky
 
 
 # The N^2 x N^2 system S: factorised once (LU), and differentiated by hand so that reverse
@@ -68,13 +74,37 @@ def _solve_bwd(res, g):
 _solve.defvjp(_solve_fwd, _solve_bwd)
 
 
-class _StructuredState(eqx.Module):
+class _GradientBlock(eqx.Module):
+    """The structured gradient block `A + U C U^T` (`N D` rows), factorised."""
+
     Q: Float[Array, "N N"]  # eigenvectors of B
     E: Float[Array, "D N"]  # 1 / (L_p lambda_i + sigma_p^2): A^{-1} in the eigenbasis
     Y: Float[Array, "D N"]  # L x_c, the columns of U
     c: Float[Array, "N N"]  # the weights of C (zero diagonal)
     S: Float[Array, "N2 N2"]  # I + W C, W = U^T A^{-1} U
     lu: tuple[Array, Array]  # its LU factors (not differentiated: see `_solve`)
+    logdet: Float[Array, ""]
+
+    def solve(self, B: Array) -> Array:
+        """`K^{-1} B = A^{-1} B - A^{-1} U C S^{-1} U^T A^{-1} B` for `B` `(N D, k)`."""
+        D, N = self.Y.shape
+        if N * D == 0:
+            return B
+        k = B.shape[1]
+        Z = _apply_A_inv(self, B.reshape(D, N, k))
+        t = jnp.einsum("pc,pak->ack", self.Y, Z).reshape(N * N, k)
+        u = _solve(self.S, self.lu, t).reshape(N, N, k)
+        correction = jnp.einsum("pc,ack->pak", self.Y, _apply_C(self.c, u))
+        return (Z - _apply_A_inv(self, correction)).reshape(D * N, k)
+
+
+class _StructuredState(eqx.Module):
+    block: _GradientBlock
+    order: Array  # rows of K: the other observations' first, then the gradient block's
+    other: int = eqx.field(static=True)  # M, the number of other rows
+    cross: Array  # (N D, M) covariance of the gradient block with the other rows
+    Z: Array  # block^{-1} cross
+    L: Array  # Cholesky factor of the Schur complement (M, M)
     logdet: Float[Array, ""]
 
 
@@ -88,16 +118,86 @@ def _apply_C(c: Array, Z: Array) -> Array:
     return T - jnp.eye(N, dtype=Z.dtype)[:, :, None] * jnp.sum(T, axis=1)[:, None, :]
 
 
-def _apply_A_inv(state: _StructuredState, Z: Array) -> Array:
+def _apply_A_inv(block: _GradientBlock, Z: Array) -> Array:
     """`A^{-1} z` for `z` of shape `(D, N, k)` (component-major rows)."""
-    R = jnp.einsum("ai,pak->pik", state.Q, Z) * state.E[:, :, None]
-    return jnp.einsum("ai,pik->pak", state.Q, R)
+    R = jnp.einsum("ai,pak->pik", block.Q, Z) * block.E[:, :, None]
+    return jnp.einsum("ai,pik->pak", block.Q, R)
+
+
+def _gradient_block(kernel: AbstractStationaryKernel, X: Array, noise: Array) -> _GradientBlock:
+    """Factorise the covariance of gradient observations at `X` `(N, D)` plus `noise` `(D N,)`."""
+    N, D = X.shape
+    dtype = noise.dtype
+    if N == 0 or D == 0:  # no rows
+        z, e = jnp.zeros((0, 0), dtype), jnp.zeros((D, N), dtype)
+        return _GradientBlock(z, e, e, z, z, (z, jnp.zeros(0, jnp.int32)), jnp.zeros((), dtype))
+    lam = jnp.broadcast_to(1.0 / _per_dimension("lengthscale", kernel.lengthscale, X[0]) ** 2, (D,))
+    v = kernel.variance.astype(dtype)
+    noise = noise.reshape(D, N)
+    sigma2 = noise[:, 0]
+    sigma2 = eqx.error_if(
+        sigma2,
+        jnp.any(jnp.max(noise, axis=1) > jnp.min(noise, axis=1)),
+        "eqgp.StructuredGradients needs the same noise for every point of a gradient component "
+        "(no known noise per target).",
+    )
+    Y = lam[:, None] * X.T  # (D, N)
+    Xs = X * jnp.sqrt(lam)[None, :]
+    s = jax.lax.map(lambda x: jnp.sum((x[None, :] - Xs) ** 2, axis=-1), Xs)  # exact differences, (N, N)
+    s = s * (1.0 - jnp.eye(N, dtype=dtype))  # exactly 0 on the diagonal
+    d1 = jax.grad(kernel.profile)
+    d2 = jax.grad(d1)
+    flat = s.reshape(-1)
+    B = -2.0 * v * jax.vmap(d1)(flat).reshape(N, N)
+    c = -4.0 * v * jax.vmap(d2)(flat).reshape(N, N)
+    c = jnp.where(jnp.eye(N, dtype=bool), 0.0, c)  # a point with itself adds nothing
+    lamB, Q = jnp.linalg.eigh(0.5 * (B + B.T))
+    E = 1.0 / (lam[:, None] * lamB[None, :] + sigma2[:, None])  # (D, N)
+    # W[(e, c), (f, d)] = sum_i Q_ei Q_fi G_i[c, d],  G_i = Y^T diag(E[:, i]) Y.
+    G = jax.lax.map(lambda e: (Y * e[:, None]).T @ Y, E.T)  # (N_i, N, N)
+    QQ = (Q[:, None, :] * Q[None, :, :]).reshape(N * N, N)  # ((e, f), i)
+    W = (QQ @ G.reshape(N, N * N)).reshape(N, N, N, N).transpose(0, 2, 1, 3).reshape(N * N, N * N)
+    CW = _apply_C(c, W.reshape(N, N, N * N)).reshape(N * N, N * N)
+    S = jnp.eye(N * N, dtype=dtype) + CW.T  # I + W C, as W and C are symmetric
+    lu = jax.lax.stop_gradient(jsl.lu_factor(S))
+    logdet = -jnp.sum(jnp.log(E)) + _logdet(S, lu)
+    return _GradientBlock(Q, E, Y, c, S, lu, logdet)
+
+
+def _split_groups(groups):
+    """The gradient group's points, its row indices, and the other rows as `(operator, X)`
+    pairs with their row indices (in the covariance's order)."""
+    kinds = [type(op) for op, _ in groups]
+    grad = [h for h, t in enumerate(kinds) if t in (Gradient, ValueAndGradient)]
+    if len(grad) != 1:
+        names = ", ".join(t.__name__ for t in kinds)
+        raise ValueError(
+            "eqgp.StructuredGradients needs exactly one group of `eqgp.Gradient` (or "
+            f"`eqgp.ValueAndGradient`) observations; got groups of: {names or 'none'}. "
+            "Use `eqgp.Cholesky()` or `eqgp.ConjugateGradient()`."
+        )
+    others, other_rows, start = [], [], 0
+    for h, (op, X) in enumerate(groups):
+        N, D = X.shape
+        n = op.size(D) * N
+        if h == grad[0]:
+            values = N if kinds[h] is ValueAndGradient else 0
+            if values:
+                others.append((Value(), X))
+                other_rows.append(np.arange(start, start + N))
+            X_grad, grad_rows = X, np.arange(start + values, start + n)
+        else:
+            others.append((op, X))
+            other_rows.append(np.arange(start, start + n))
+        start += n
+    other_rows = np.concatenate(other_rows) if other_rows else np.zeros(0, int)
+    return X_grad, grad_rows, others, other_rows
 
 
 class StructuredGradients(AbstractSolver):
     """Exact solver for gradient observations in many input dimensions.
 
-    For one group of `eqgp.Gradient` observations with a stationary kernel (`RBF`,
+    For one group of `eqgp.Gradient` (or `eqgp.ValueAndGradient`) observations with a stationary kernel (`RBF`,
     `RationalQuadratic`, `Matern32`, `Matern52`, or any `kernels.AbstractStationaryKernel`;
     scalar or ARD lengthscales) and a noise that is the same for every point of a
     component, the covariance is a Kronecker product plus a correction of rank `N^2`
@@ -105,7 +205,10 @@ class StructuredGradients(AbstractSolver):
     derivatives", ICML 2021). This solver uses that structure: time `O(N^2 D + N^6)`,
     memory `O(N D + N^4)`, exact in every dimension `D` — the choice when the number of
     points is small (up to ~100) and `D` is large (`N D` beyond what `Cholesky` fits).
-    Where `D < N` the dense `Cholesky` is cheaper.
+    Where `D < N` the dense `Cholesky` is cheaper. Other observation groups (values at the
+    same or other points, partial derivatives, ...) add `M` rows, eliminated exactly by a
+    dense Schur complement (`M` structured solves, an `M x M` Cholesky, and their `N D x M`
+    covariance with the gradients), so keep them to a few hundred rows.
 
     The likelihood's gradient is plain reverse-mode autodiff through the structured
     algebra (an eigendecomposition of an `N x N` matrix and an LU factorisation of an
@@ -115,69 +218,40 @@ class StructuredGradients(AbstractSolver):
     differentiable: ClassVar[bool] = True
 
     def init(self, cov: Covariance, key=None) -> _StructuredState:
-        kernel, groups = cov.kernel, cov.groups
-        if len(groups) != 1 or type(groups[0][0]) is not Gradient:
-            ops = ", ".join(type(op).__name__ for op, _ in groups)
-            raise ValueError(
-                "eqgp.StructuredGradients needs exactly one group of `eqgp.Gradient` observations; "
-                f"got groups of: {ops or 'none'}. Use `eqgp.Cholesky()` or `eqgp.ConjugateGradient()`."
-            )
+        kernel = cov.kernel
         if not isinstance(kernel, AbstractStationaryKernel):
             raise TypeError(
                 "eqgp.StructuredGradients needs a stationary kernel `variance * profile(s)` "
                 f"(`kernels.AbstractStationaryKernel`: RBF, Matern32/52, RationalQuadratic); got "
                 f"{type(kernel).__name__}. Use `eqgp.Cholesky()` or `eqgp.ConjugateGradient()`."
             )
-        X = groups[0][1]
-        N, D = X.shape
-        dtype = cov.dtype
-        if N == 0 or D == 0:  # no observations: K is 0 x 0
-            z, e = jnp.zeros((0, 0), dtype), jnp.zeros((D, N), dtype)
-            return _StructuredState(z, e, e, z, z, (z, jnp.zeros(0, jnp.int32)), jnp.zeros((), dtype))
-        lam = jnp.broadcast_to(1.0 / _per_dimension("lengthscale", kernel.lengthscale, X[0]) ** 2, (D,))
-        v = kernel.variance.astype(dtype)
-        noise = cov.noise.reshape(D, N)
-        sigma2 = noise[:, 0]
-        sigma2 = eqx.error_if(
-            sigma2,
-            jnp.any(jnp.max(noise, axis=1) > jnp.min(noise, axis=1)),
-            "eqgp.StructuredGradients needs the same noise for every point of a gradient component "
-            "(no known noise per target).",
-        )
-        Y = lam[:, None] * X.T  # (D, N)
-        Xs = X * jnp.sqrt(lam)[None, :]
-        s = jax.lax.map(lambda x: jnp.sum((x[None, :] - Xs) ** 2, axis=-1), Xs)  # exact differences, (N, N)
-        s = s * (1.0 - jnp.eye(N, dtype=dtype))  # exactly 0 on the diagonal
-        d1 = jax.grad(kernel.profile)
-        d2 = jax.grad(d1)
-        flat = s.reshape(-1)
-        B = -2.0 * v * jax.vmap(d1)(flat).reshape(N, N)
-        c = -4.0 * v * jax.vmap(d2)(flat).reshape(N, N)
-        c = jnp.where(jnp.eye(N, dtype=bool), 0.0, c)  # a point with itself adds nothing
-        lamB, Q = jnp.linalg.eigh(0.5 * (B + B.T))
-        E = 1.0 / (lam[:, None] * lamB[None, :] + sigma2[:, None])  # (D, N)
-        # W[(e, c), (f, d)] = sum_i Q_ei Q_fi G_i[c, d],  G_i = Y^T diag(E[:, i]) Y.
-        G = jax.lax.map(lambda e: (Y * e[:, None]).T @ Y, E.T)  # (N_i, N, N)
-        QQ = (Q[:, None, :] * Q[None, :, :]).reshape(N * N, N)  # ((e, f), i)
-        W = (QQ @ G.reshape(N, N * N)).reshape(N, N, N, N).transpose(0, 2, 1, 3).reshape(N * N, N * N)
-        CW = _apply_C(c, W.reshape(N, N, N * N)).reshape(N * N, N * N)
-        S = jnp.eye(N * N, dtype=dtype) + CW.T  # I + W C, as W and C are symmetric
-        lu = jax.lax.stop_gradient(jsl.lu_factor(S))
-        logdet = -jnp.sum(jnp.log(E)) + _logdet(S, lu)
-        return _StructuredState(Q, E, Y, c, S, lu, logdet)
+        X, grad_rows, others, other_rows = _split_groups(cov.groups)
+        block = _gradient_block(kernel, X, cov.noise[grad_rows])
+        order = jnp.asarray(np.concatenate([other_rows, grad_rows]), jnp.int32)
+        M, dtype = len(other_rows), cov.dtype
+        if M == 0:
+            z = jnp.zeros((len(grad_rows), 0), dtype)
+            return _StructuredState(block, order, 0, z, z, jnp.zeros((0, 0), dtype), block.logdet)
+        # K = [[K_oo, cross^T], [cross, block]]: the Schur complement K_oo - cross^T block^{-1} cross.
+        K_oo = operator_gram(kernel, others, others) + jnp.diag(cov.noise[other_rows])
+        cross = operator_gram(kernel, [(Gradient(), X)], others)
+        Z = block.solve(cross)
+        schur = K_oo - cross.T @ Z
+        L = cholesky(0.5 * (schur + schur.T), 0.0)
+        logdet = block.logdet + 2.0 * jnp.sum(jnp.log(jnp.diagonal(L)))
+        return _StructuredState(block, order, M, cross, Z, L, logdet)
 
     def solve(self, state: _StructuredState, B):
-        """`K^{-1} B = A^{-1} B - A^{-1} U C S^{-1} U^T A^{-1} B`."""
-        D, N = state.Y.shape
-        if N * D == 0:
-            return B
         vec = B.ndim == 1
-        k = 1 if vec else B.shape[1]
-        Z = _apply_A_inv(state, B.reshape(D, N, k))
-        t = jnp.einsum("pc,pak->ack", state.Y, Z).reshape(N * N, k)
-        u = _solve(state.S, state.lu, t).reshape(N, N, k)
-        correction = jnp.einsum("pc,ack->pak", state.Y, _apply_C(state.c, u))
-        out = (Z - _apply_A_inv(state, correction)).reshape(D * N, k)
+        B2 = (B[:, None] if vec else B)[state.order]
+        M = state.other
+        w = state.block.solve(B2[M:])
+        if M:
+            x_o = jsl.cho_solve((state.L, True), B2[:M] - state.cross.T @ w)
+            out = jnp.concatenate([x_o, w - state.Z @ x_o])
+        else:
+            out = w
+        out = jnp.zeros_like(out).at[state.order].set(out)
         return out[:, 0] if vec else out
 
     def logdet(self, state: _StructuredState):
