@@ -124,6 +124,37 @@ def _apply_A_inv(block: _GradientBlock, Z: Array) -> Array:
     return jnp.einsum("ai,pik->pak", block.Q, R)
 
 
+def _inverse_squared_lengthscales(kernel: AbstractStationaryKernel, X: Array) -> Array:
+    D = X.shape[1]
+    return jnp.broadcast_to(1.0 / _per_dimension("lengthscale", kernel.lengthscale, X[0]) ** 2, (D,))
+
+
+def _squared_distances(lam: Array, X1: Array, X2: Array) -> Array:
+    """`s_ab = sum_p lam_p (x1_ap - x2_bp)^2` from exact differences, one row at a time."""
+    X2s = X2 * jnp.sqrt(lam)[None, :]
+    return jax.lax.map(lambda x: jnp.sum((x[None, :] - X2s) ** 2, axis=-1), X1 * jnp.sqrt(lam)[None, :])
+
+
+def _cross(kernel: AbstractStationaryKernel, X: Array, others) -> Array:
+    """The covariance `(N D, M)` of the gradients at `X` with the other observations. Values in
+    closed form, `2 v phi'(s_ab) lam_p (x_ap - z_bp)` (`O(N M D)`, no derivative arrays);
+    other operators by `operator_gram`, with the gradient on the column side (forward mode:
+    on the row side the likelihood's reverse pass through `Gradient.apply` kept an
+    `(N, M, D, D)` array, 240 GB at N = M = 100, D = 1 000)."""
+    N, D = X.shape
+    lam = _inverse_squared_lengthscales(kernel, X)
+    v = kernel.variance.astype(X.dtype)
+    blocks = []
+    for op, Z in others:
+        if type(op) is Value:
+            d1 = jax.vmap(jax.grad(kernel.profile))(_squared_distances(lam, X, Z).reshape(-1))
+            diff = lam[:, None, None] * (X.T[:, :, None] - Z.T[:, None, :])  # (D, N, M)
+            blocks.append((2.0 * v * d1.reshape(N, -1)[None] * diff).reshape(D * N, -1))
+        else:
+            blocks.append(operator_gram(kernel, [(op, Z)], [(Gradient(), X)]).T)
+    return jnp.concatenate(blocks, axis=1)
+
+
 def _gradient_block(kernel: AbstractStationaryKernel, X: Array, noise: Array) -> _GradientBlock:
     """Factorise the covariance of gradient observations at `X` `(N, D)` plus `noise` `(D N,)`."""
     N, D = X.shape
@@ -131,7 +162,7 @@ def _gradient_block(kernel: AbstractStationaryKernel, X: Array, noise: Array) ->
     if N == 0 or D == 0:  # no rows
         z, e = jnp.zeros((0, 0), dtype), jnp.zeros((D, N), dtype)
         return _GradientBlock(z, e, e, z, z, (z, jnp.zeros(0, jnp.int32)), jnp.zeros((), dtype))
-    lam = jnp.broadcast_to(1.0 / _per_dimension("lengthscale", kernel.lengthscale, X[0]) ** 2, (D,))
+    lam = _inverse_squared_lengthscales(kernel, X)
     v = kernel.variance.astype(dtype)
     noise = noise.reshape(D, N)
     sigma2 = noise[:, 0]
@@ -142,9 +173,7 @@ def _gradient_block(kernel: AbstractStationaryKernel, X: Array, noise: Array) ->
         "(no known noise per target).",
     )
     Y = lam[:, None] * X.T  # (D, N)
-    Xs = X * jnp.sqrt(lam)[None, :]
-    s = jax.lax.map(lambda x: jnp.sum((x[None, :] - Xs) ** 2, axis=-1), Xs)  # exact differences, (N, N)
-    s = s * (1.0 - jnp.eye(N, dtype=dtype))  # exactly 0 on the diagonal
+    s = _squared_distances(lam, X, X) * (1.0 - jnp.eye(N, dtype=dtype))  # exactly 0 on the diagonal
     d1 = jax.grad(kernel.profile)
     d2 = jax.grad(d1)
     flat = s.reshape(-1)
@@ -234,7 +263,7 @@ class StructuredGradients(AbstractSolver):
             return _StructuredState(block, order, 0, z, z, jnp.zeros((0, 0), dtype), block.logdet)
         # K = [[K_oo, cross^T], [cross, block]]: the Schur complement K_oo - cross^T block^{-1} cross.
         K_oo = operator_gram(kernel, others, others) + jnp.diag(cov.noise[other_rows])
-        cross = operator_gram(kernel, [(Gradient(), X)], others)
+        cross = _cross(kernel, X, others)
         Z = block.solve(cross)
         schur = K_oo - cross.T @ Z
         L = cholesky(0.5 * (schur + schur.T), 0.0)
