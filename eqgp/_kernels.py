@@ -211,7 +211,7 @@ class AbstractStationaryKernel(AbstractLengthscaleKernel):
     def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
         _check_pair(x1, x2)
         d = (x1 - x2) / _per_dimension("lengthscale", self.lengthscale, x1)
-        return _like(self.variance, x1) * self.profile(jnp.sum(d * d))
+        return _like(self.variance, x1) * self.profile(jnp.dot(d, d))
 
 
 class RBF(AbstractStationaryKernel):
