@@ -7,8 +7,9 @@ import jax
 import jax.numpy as jnp
 
 # XLA:CPU (jaxlib 0.10) hands elementwise ops and reductions to YNNPACK "ynn fusions";
-# for the float64 gram/likelihood graphs eqgp builds they are 2-3x slower than XLA's
-# own loops on the CPUs we measured (benchmarks/gp_likelihood.py prints both).
+# for the float64 gram/likelihood graphs eqgp builds they were 2-3x slower than XLA's
+# own loops; since the kernels' squared distances are dots, 1.0-1.3x
+# (benchmarks/gp_likelihood.py prints both).
 _CANDIDATE = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
@@ -27,7 +28,8 @@ def compiler_options() -> dict[str, str]:
     Pass them to your own training step too, e.g.
     `eqx.filter_jit(step, compiler_options=eqgp.compiler_options())`: options of an
     outer `jit` apply to everything inlined into it. Currently this turns off XLA:CPU's
-    YNNPACK fusions, which made the float64 likelihood gradient 2-3x slower here; it is
+    YNNPACK fusions, which make the float64 likelihood gradient 1.0-1.3x slower here
+    (it was 2-3x before eqgp's kernels wrote their squared distances as dots); it is
     empty where the installed XLA does not know the option.
     """
     return dict(_probe())
