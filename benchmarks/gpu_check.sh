@@ -61,6 +61,7 @@ for shape in [(16384, 16384), (4096, 4096), (1 << 20, 64), (16, 1 << 22)]:
 print(f"RESULT sumcumprod_gpu_bandwidth_fraction {result:.3f}")
 PY
 # The matrix-free solver on the GPU: the covariance/solver tests, then the benchmark with the
-# >= 1e6-row case (D = 10 000 gradient observations at N = 100) and the 100 000-row likelihood.
-python -m pytest -q -x tests/test_covariance.py tests/test_solvers.py -p no:cacheprovider
+# >= 1e6-row cases (D = 10 000 gradient observations at N = 100, exact by StructuredGradients and
+# stochastic by ConjugateGradient) and the 100 000-row likelihood.
+python -m pytest -q -x tests/test_covariance.py tests/test_solvers.py tests/test_structured.py -p no:cacheprovider
 python benchmarks/matrix_free.py --large
