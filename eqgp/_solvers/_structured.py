@@ -138,9 +138,9 @@ def _squared_distances(lam: Array, X1: Array, X2: Array) -> Array:
 def _cross(kernel: AbstractStationaryKernel, X: Array, others) -> Array:
     """The covariance `(N D, M)` of the gradients at `X` with the other observations. Values in
     closed form, `2 v phi'(s_ab) lam_p (x_ap - z_bp)` (`O(N M D)`, no derivative arrays);
-    other operators by `operator_gram`, with the gradient on the column side (forward mode:
-    on the row side the likelihood's reverse pass through `Gradient.apply` kept an
-    `(N, M, D, D)` array, 240 GB at N = M = 100, D = 1 000)."""
+    other operators by `operator_gram`, with the gradient on the column side (forward mode),
+    which kept the least memory in the likelihood's reverse pass (0.56 vs 0.74 GB at
+    N = M = 100, D = 1 000)."""
     N, D = X.shape
     lam = _inverse_squared_lengthscales(kernel, X)
     v = kernel.variance.astype(X.dtype)
