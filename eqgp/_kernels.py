@@ -356,7 +356,7 @@ class Periodic(AbstractLengthscaleKernel):
         # sin^2 is even, so no |x1 - x2| (and no kink at coincident points) is needed.
         t = jnp.sin(jnp.pi * (x1 - x2) / _per_dimension("period", self.period, x1))
         t = t / _per_dimension("lengthscale", self.lengthscale, x1)
-        return _like(self.variance, x1) * jnp.exp(-2.0 * jnp.sum(t * t))
+        return _like(self.variance, x1) * jnp.exp(-2.0 * jnp.dot(t, t))
 
 
 class _ScaleOnly(AbstractVarianceKernel):
