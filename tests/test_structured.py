@@ -79,6 +79,7 @@ def test_values_and_other_observations_by_schur_complement():
         "value_and_gradient": [(eqgp.ValueAndGradient(), X, jnp.concatenate([y[:, None], G], 1))],
         "values_first": [(eqgp.Value(), X2, y2), (eqgp.Gradient(), X, G)],
         "values_last_and_partials": [(eqgp.Gradient(), X, G), (eqgp.Value(), X2, y2), (eqgp.Partial(1), X2, y2)],
+        "no_gradient_points": [(eqgp.Gradient(), X[:0], G[:0]), (eqgp.Value(), X2, y2)],
     }
     for name, groups in cases.items():
         obs = eqgp.Observations(*groups)

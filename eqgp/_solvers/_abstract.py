@@ -2,6 +2,7 @@ import abc
 from typing import ClassVar
 
 import equinox as eqx
+import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._covariance import Covariance
@@ -46,6 +47,11 @@ class AbstractSolver(eqx.Module):
         where `alpha = K^{-1} r`. `V=None` means the identity (`U` is the dense cotangent);
         `d=None` means no diagonal term."""
 
-    @abc.abstractmethod
     def inv_quad(self, state, B: Float[Array, "R k"], diagonal: bool) -> Array:
-        """`B^T K^{-1} B` `(k, k)`, or only its diagonal `(k,)` with `diagonal=True`."""
+        """`B^T K^{-1} B` `(k, k)`, or only its diagonal `(k,)` with `diagonal=True`; by
+        default from `solve` (a solver with a cheaper form overrides it)."""
+        S = self.solve(state, B)
+        if diagonal:
+            return jnp.sum(B * S, axis=0)
+        Q = B.T @ S
+        return 0.5 * (Q + Q.T)

@@ -221,8 +221,4 @@ class ConjugateGradient(AbstractSolver):
                 return jnp.sum(B * PB, axis=0) + jnp.sum(W * (C @ W), axis=0)
             out = B.T @ PB + W.T @ (C @ W)
             return 0.5 * (out + out.T)
-        S = self.solve(state, B)
-        if diagonal:
-            return jnp.sum(B * S, axis=0)
-        Q = B.T @ S
-        return 0.5 * (Q + Q.T)
+        return super().inv_quad(state, B, diagonal)  # one CG solve per column

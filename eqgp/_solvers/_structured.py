@@ -126,7 +126,16 @@ def _apply_A_inv(block: _GradientBlock, Z: Array) -> Array:
 
 def _inverse_squared_lengthscales(kernel: AbstractStationaryKernel, X: Array) -> Array:
     D = X.shape[1]
-    return jnp.broadcast_to(1.0 / _per_dimension("lengthscale", kernel.lengthscale, X[0]) ** 2, (D,))
+    point = jnp.zeros((D,), X.dtype)  # only its shape and dtype are read: X may have no rows
+    return jnp.broadcast_to(1.0 / _per_dimension("lengthscale", kernel.lengthscale, point) ** 2, (D,))
+
+
+def _profile_derivative(kernel: AbstractStationaryKernel, s: Array, order: int) -> Array:
+    """`phi'(s)` or `phi''(s)` of the kernel's profile, elementwise over `s`, by autodiff."""
+    d = kernel.profile
+    for _ in range(order):
+        d = jax.grad(d)
+    return jax.vmap(d)(s.reshape(-1)).reshape(s.shape)
 
 
 def _squared_distances(lam: Array, X1: Array, X2: Array) -> Array:
@@ -147,9 +156,9 @@ def _cross(kernel: AbstractStationaryKernel, X: Array, others) -> Array:
     blocks = []
     for op, Z in others:
         if type(op) is Value:
-            d1 = jax.vmap(jax.grad(kernel.profile))(_squared_distances(lam, X, Z).reshape(-1))
+            d1 = _profile_derivative(kernel, _squared_distances(lam, X, Z), 1)  # (N, M)
             diff = lam[:, None, None] * (X.T[:, :, None] - Z.T[:, None, :])  # (D, N, M)
-            blocks.append((2.0 * v * d1.reshape(N, -1)[None] * diff).reshape(D * N, -1))
+            blocks.append((2.0 * v * d1[None] * diff).reshape(D * N, Z.shape[0]))
         else:
             blocks.append(operator_gram(kernel, [(op, Z)], [(Gradient(), X)]).T)
     return jnp.concatenate(blocks, axis=1)
@@ -174,11 +183,8 @@ def _gradient_block(kernel: AbstractStationaryKernel, X: Array, noise: Array) ->
     )
     Y = lam[:, None] * X.T  # (D, N)
     s = _squared_distances(lam, X, X) * (1.0 - jnp.eye(N, dtype=dtype))  # exactly 0 on the diagonal
-    d1 = jax.grad(kernel.profile)
-    d2 = jax.grad(d1)
-    flat = s.reshape(-1)
-    B = -2.0 * v * jax.vmap(d1)(flat).reshape(N, N)
-    c = -4.0 * v * jax.vmap(d2)(flat).reshape(N, N)
+    B = -2.0 * v * _profile_derivative(kernel, s, 1)
+    c = -4.0 * v * _profile_derivative(kernel, s, 2)
     c = jnp.where(jnp.eye(N, dtype=bool), 0.0, c)  # a point with itself adds nothing
     lamB, Q = jnp.linalg.eigh(0.5 * (B + B.T))
     E = 1.0 / (lam[:, None] * lamB[None, :] + sigma2[:, None])  # (D, N)
@@ -288,7 +294,3 @@ class StructuredGradients(AbstractSolver):
 
     def likelihood_pieces(self, state, alpha):
         raise NotImplementedError("StructuredGradients is differentiated by autodiff (`differentiable = True`).")
-
-    def inv_quad(self, state, B, diagonal):
-        W = self.solve(state, B)
-        return jnp.sum(B * W, axis=0) if diagonal else B.T @ W
