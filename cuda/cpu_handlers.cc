@@ -34,11 +34,11 @@ ffi::Error LinearRecurrenceCpu(ffi::ThreadPool pool, bool reverse, ffi::AnyBuffe
   auto rn = eqgp::CheckOperands("eqgp_linear_recurrence[cpu]", a, b, *z);
   if (rn.has_error()) return rn.error();
   if (rn->rows == 0 || rn->n == 0) return ffi::Error::Success();
+  const bool stream = StreamOutput(z->untyped_data(), z->size_bytes());  // before anything touches z
   AdviseHugePages(z->untyped_data(), z->size_bytes());
   auto run = [&](auto zero) {
     using T = decltype(zero);
-    PlainOp<T> op{a.typed_data<T>(), b.typed_data<T>(), nullptr, z->typed_data<T>(), rn->n,
-                  StreamOutput(z->size_bytes())};
+    PlainOp<T> op{a.typed_data<T>(), b.typed_data<T>(), nullptr, z->typed_data<T>(), rn->n, stream};
     if (reverse) {
       RunOp<T, true>(pool, op, rn->rows);
     } else {
@@ -78,6 +78,7 @@ ffi::Error SumcumprodJvpCpu(ffi::ThreadPool pool, bool transpose, ffi::AnyBuffer
   auto rn = eqgp::CheckJacobianOperands("eqgp_sumcumprod_jvp[cpu]", x, t, *out);
   if (rn.has_error()) return rn.error();
   if (rn->rows == 0 || rn->n == 0) return ffi::Error::Success();
+  const bool stream = StreamOutput(out->untyped_data(), out->size_bytes());
   AdviseHugePages(out->untyped_data(), out->size_bytes());
   auto run = [&](auto zero) {
     using T = decltype(zero);
@@ -85,7 +86,6 @@ ffi::Error SumcumprodJvpCpu(ffi::ThreadPool pool, bool transpose, ffi::AnyBuffer
     const T* tp = t.typed_data<T>();
     T* op = out->typed_data<T>();
     const int64_t n = rn->n;
-    const bool stream = StreamOutput(out->size_bytes());
     ParallelForRows(pool, rn->rows, n, [=](int64_t r0, int64_t r1) {
       if (transpose) {
         SumcumprodJacobianRows<T, true>(xp, tp, op, n, stream, r0, r1);

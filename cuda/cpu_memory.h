@@ -13,14 +13,42 @@
 
 #if defined(__linux__)
 #include <sys/mman.h>
+#include <unistd.h>
 #endif
 
 namespace eqgp::cpu {
 
-// Outputs from this size up are written with non-temporal stores: they would not
-// stay in cache for the consumer anyway (L2 is 1-2 MiB a core, L3 tens of MiB).
+// Whether the pages of [data, data + bytes) are backed by memory already (a buffer
+// XLA reuses) rather than fresh (a new mmap whose first write faults). Sampled at
+// the first, middle and last page: three mincore calls, a few microseconds.
+inline bool PagesResident(const void* data, size_t bytes) {
+#if defined(__linux__)
+  if (bytes == 0) return true;
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  for (const size_t offset : {size_t{0}, bytes / 2, bytes - 1}) {
+    const uintptr_t p = (reinterpret_cast<uintptr_t>(data) + offset) & ~(page - 1);
+    unsigned char resident = 0;
+    if (mincore(reinterpret_cast<void*>(p), page, &resident) != 0 || !(resident & 1)) return false;
+  }
+  return true;
+#else
+  (void)data;
+  (void)bytes;
+  return true;
+#endif
+}
+
+// Large outputs whose pages are already resident are written with non-temporal
+// stores: they would not stay in cache for the consumer anyway (L2 is 1-2 MiB a
+// core, L3 tens of MiB). Fresh pages are not: the page fault zeroes each one through
+// the cache just before we write it, and plain stores then hit those cached lines,
+// where non-temporal ones must first evict them (measured on 64 MiB, 2 threads:
+// 8.5 ms streaming into fresh pages, 7.1 ms with plain stores; 2.9 vs 4.5 ms into
+// resident ones).
 constexpr size_t kStreamBytes = size_t{16} << 20;
-inline bool StreamOutput(size_t bytes) { return bytes >= kStreamBytes; }
+inline bool StreamOutput(const void* data, size_t bytes) {
+  return bytes >= kStreamBytes && PagesResident(data, bytes);
+}
 
 // Outputs from this size up get madvise(MADV_HUGEPAGE) on their 2 MiB-aligned interior
 // before the first write. Harmless where the pages are already there (a reused buffer)

@@ -169,20 +169,38 @@ def test_fused_jacobian_products_scratch(dtype, shape):
     "dtype, shape", [(jnp.float32, (16, 2**18)), (jnp.float32, (16, 2**18 + 5)), (jnp.float64, (8, 2**18 + 4))]
 )
 def test_large_outputs_streamed(dtype, shape):
-    # Outputs of 16 MiB and more are written with non-temporal stores on the SIMD path
-    # where every row of a group is aligned (rows of 2^18 floats), else plainly (2^18 + 5).
-    # Reference: the same rows eight at a time (outputs under 16 MiB, plain stores), which
+    # Outputs of 16 MiB and more whose pages are already resident (a buffer XLA reuses)
+    # are written with non-temporal stores on the SIMD path where every row of a group is
+    # aligned (rows of 2^18 floats), else plainly (2^18 + 5); fresh outputs plainly. A
+    # chain of three calls in one jit takes both: the first writes a fresh buffer, the
+    # third the first's buffer again (XLA reuses dead temporaries). Reference: the same
+    # chain eagerly, eight rows at a time (outputs under 16 MiB, plain stores), which
     # must agree bit for bit; the small-size path is checked against references elsewhere.
     kx, kt = jax.random.split(jax.random.key(26))
     x = jax.random.uniform(kx, shape, dtype, 0.2, 1.0)
     t = jax.random.normal(kt, shape, dtype)
-    ops = [sumcumprod] + [functools.partial(eqgp._ops.sumcumprod_jvp_p.bind, transpose=tr) for tr in (False, True)]
+    scale = np.asarray(1e-2, dtype)
+    ops = [lambda _, v: sumcumprod(v)] + [
+        functools.partial(eqgp._ops.sumcumprod_jvp_p.bind, transpose=tr) for tr in (False, True)
+    ]
+
+    def chain(op, x, v):
+        outs = [op(x, v)]
+        for _ in range(2):
+            outs.append(op(x, outs[-1] * scale))
+        return outs
+
     for i, op in enumerate(ops):
-        args = (x,) if i == 0 else (x, t)
-        whole = op(*args)
-        pieces = jnp.concatenate([op(*(a[r : r + 8] for a in args)) for r in range(0, shape[0], 8)])
-        assert whole.nbytes >= 16 << 20 and pieces.shape == whole.shape
-        np.testing.assert_array_equal(np.asarray(whole), np.asarray(pieces))
+        v = x if i == 0 else t
+        whole = jax.jit(functools.partial(chain, op))(x, v)
+        pieces = [
+            jnp.concatenate(parts)
+            for parts in zip(*(chain(op, x[r : r + 8], v[r : r + 8]) for r in range(0, shape[0], 8)))
+        ]
+        for w, p in zip(whole, pieces):
+            assert w.nbytes >= 16 << 20 and p.shape == w.shape
+            assert np.isfinite(np.asarray(w)).all()
+            np.testing.assert_array_equal(np.asarray(w), np.asarray(p))
 
 
 @pytest.mark.parametrize("shape", [(8, 1), (8, 2), (8, 8), (8, 9), (16, 17), (9, 33), (3, 8, 100)])
