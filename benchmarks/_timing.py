@@ -56,14 +56,3 @@ def paired_ratios(reference, fns: dict, rounds: int = 15, warmup: int = 2) -> tu
         warm = [r for r, faulted in v if not faulted]
         out[k] = (statistics.median(warm) if warm else None, statistics.median(r for r, _ in v), len(v) - len(warm))
     return statistics.median(ref_times), out
-
-
-def torch_median_time(fn, repeats: int = 5, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
