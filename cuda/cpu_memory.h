@@ -71,10 +71,11 @@ inline void AdviseHugePages(void* data, size_t bytes) {
 
 // A per-thread buffer reused across calls: a fresh one would be page-faulted on
 // every call. Requests above kScratchKeep elements get a buffer of their own, so
-// one huge call does not pin its memory to a pool thread for good.
+// one huge call does not pin its memory to a pool thread for good. Each Tag is a
+// buffer of its own, for scratch users that can be live at once on one thread.
 constexpr size_t kScratchKeep = size_t{1} << 21;
 
-template <typename T>
+template <typename T, int Tag = 0>
 class Scratch {
  public:
   explicit Scratch(size_t count) {

@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__GNUC__) && defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
+#include "cpu_memory.h"
 #include "recurrence_op.h"
 
 namespace eqgp::cpu {
@@ -211,11 +213,59 @@ EQGP_AVX2 void SimdRows(const RecurrenceOp<T, AShift, BScale, PostScale>& op, in
   ScalarSpan<T, W, Reverse, true>(op, row0, acc, last0, last1);
 }
 
+// A row that has no SIMD group (a vector, the last rows of a batch) runs one
+// dependent FMA per element, 4 cycles each. Split into W pieces of n / W laid side by
+// side as the SIMD path's rows, it runs W at a time: each piece's recurrence with a
+// zero carry-in (`local`), the products Q_k of `a` from the piece's start (in scan
+// order) to k (the recurrence with b = a at each piece's first position, zero
+// elsewhere), then, piece after piece in scan order, z_k = local_k + Q_k carry with
+// the carry the previous piece's last value. Plain recurrences with n % W == 0.
+constexpr int64_t kSegmentMin = 256;
+
+template <typename T>
+inline bool Segmentable(int64_t n) {  // up to rows whose scratch stays with the thread
+  return n >= kSegmentMin && n % Avx2<T>::W == 0 && 2 * n <= static_cast<int64_t>(kScratchKeep);
+}
+
+template <typename T, bool Reverse>
+EQGP_AVX2 void SegmentedRow(const PlainOp<T>& op, int64_t row) {
+  constexpr int W = Avx2<T>::W;
+  const int64_t n = op.n, len = n / W;
+  const T* a = op.a + row * n;
+  T* out = op.out + row * n;
+  Scratch<T, 1> scratch(static_cast<size_t>(2 * n));  // Tag 1: callers may hold Tag 0
+  T* first = scratch.data();  // b = a at each piece's first scan position
+  T* q = first + n;
+  std::fill(first, first + n, T(0));
+  for (int s = 0; s < W; ++s) {
+    const int64_t k = Reverse ? s * len + len - 1 : s * len;
+    first[k] = a[k];
+  }
+  SimdRows<T, Reverse>(PlainOp<T>{a, op.b + row * n, nullptr, out, len}, 0);
+  SimdRows<T, Reverse>(PlainOp<T>{a, first, nullptr, q, len}, 0);
+  T carry = T(0);
+  for (int i = 0; i < W; ++i) {
+    const int s = Reverse ? W - 1 - i : i;
+    T* o = out + s * len;
+    const T* qs = q + s * len;
+    if (carry != T(0)) {  // skipped at zero: Q may be inf where the carry is 0
+      for (int64_t k = 0; k < len; ++k) o[k] = std::fma(qs[k], carry, o[k]);
+    }
+    carry = Reverse ? o[0] : o[len - 1];
+  }
+}
+
 template <typename T, bool Reverse, class O>
 EQGP_AVX2 void RecurRowsFma(const O& op, int64_t r0, int64_t r1) {
   constexpr int W = Avx2<T>::W;
   int64_t r = r0;
   for (; r + W <= r1; r += W) SimdRows<T, Reverse>(op, r);
+  if constexpr (std::is_same_v<O, PlainOp<T>>) {
+    if (Segmentable<T>(op.n)) {
+      for (; r < r1; ++r) SegmentedRow<T, Reverse>(op, r);
+      return;
+    }
+  }
   RecurRowsImpl<T, Reverse, true>(op, r, r1);
 }
 

@@ -134,7 +134,7 @@ def _jacobian_product_reference(x, t, transpose):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
-@pytest.mark.parametrize("shape", [(0,), (1,), (2,), (3, 0), (3, 7), (2, 3, 5), (2, 1025)])
+@pytest.mark.parametrize("shape", [(0,), (1,), (2,), (3, 0), (3, 7), (2, 3, 5), (2, 1025), (3, 1024)])
 @pytest.mark.parametrize("transpose", [False, True])
 def test_fused_jacobian_products_match_reference(dtype, shape, transpose):
     kx, kt = jax.random.split(jax.random.key(21))
@@ -201,6 +201,36 @@ def test_large_outputs_streamed(dtype, shape):
             assert w.nbytes >= 16 << 20 and p.shape == w.shape
             assert np.isfinite(np.asarray(w)).all()
             np.testing.assert_array_equal(np.asarray(w), np.asarray(p))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("shape", [(4096,), (9, 512), (3, 264), (2, 3, 256)])
+def test_rows_outside_simd_groups_run_in_pieces(dtype, shape):
+    # A row without a SIMD group of its own (a vector; the rows after the last full group)
+    # whose length is a multiple of the SIMD width runs as W pieces side by side, stitched
+    # by carries: both directions and sumcumprod against float64 references.
+    kx, kb = jax.random.split(jax.random.key(27))
+    x = jax.random.uniform(kx, shape, dtype, 0.2, 1.0)
+    b = jax.random.normal(kb, shape, dtype)
+    x64, b64 = x.astype(jnp.float64), b.astype(jnp.float64)
+    rtol = 2e-6 if dtype == jnp.float32 else 1e-13
+    for reverse in (True, False):
+        ref = jax.jit(eqgp.ops.linear_recurrence_reference, static_argnames="reverse")(x64, b64, reverse=reverse)
+        got = linear_recurrence(x, b, reverse=reverse)
+        assert_close(got, ref, rtol=rtol, atol=rtol * float(jnp.abs(ref).max()))
+    assert_close(sumcumprod(x), jax.jit(sumcumprod_reference)(x64), rtol=rtol)
+
+
+@pytest.mark.parametrize("reverse", [True, False])
+def test_pieces_with_overflowing_products_and_zero_carry(reverse):
+    # a = 2 over 4096 positions: a piece's running product of a overflows float32, but
+    # the only nonzero b is in the last piece in scan order, so every carry is zero and
+    # the exact answer is finite (one 1, zeros elsewhere): no inf * 0.
+    n = 4096
+    a = jnp.full((n,), 2.0, jnp.float32)
+    b = jnp.zeros((n,), jnp.float32).at[0 if reverse else n - 1].set(1.0)
+    got = np.asarray(linear_recurrence(a, b, reverse=reverse))
+    np.testing.assert_array_equal(got, np.asarray(b))
 
 
 @pytest.mark.parametrize("shape", [(8, 1), (8, 2), (8, 8), (8, 9), (16, 17), (9, 33), (3, 8, 100)])
