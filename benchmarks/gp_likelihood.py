@@ -11,7 +11,11 @@ Both JAX paths are timed twice: under a plain `eqx.filter_jit`, and with
 YNNPACK fusions, whose reductions over the point pairs cost ~1.2x at d = 2 here, nothing at
 d = 10).
 
+Then the posterior at both sizes: conditioning plus means and variances of values and
+gradients at 200 new points, plain vs the options.
+
 RESULT lines: gp_likelihood_plain_vs_options (the larger of the two rows' paired medians);
+gp_posterior_plain_vs_options (likewise for the posterior);
 gp_likelihood_tuned_compiler_options (eqgp with `eqgp.compiler_options()` / gpytorch, a
 tuned figure); last, RESULT gp_likelihood <eqgp under a plain filter_jit / gpytorch>, the
 default a user gets (/ autodiff through the Cholesky, also plain, without GPyTorch).
@@ -130,6 +134,34 @@ def timed_row(n: int, d: int, ls, noise):
     return X, y, G, float(v1), t_plain, t_ours, t_ref, t_ref_plain, plain_vs_options, calls
 
 
+def posterior_row(n: int, d: int, ls, noise, m: int = 200):
+    """Conditioning and predicting values and gradients with variances at m new points (what a
+    surrogate model does per step), plain filter_jit vs the options, paired rounds."""
+    X, y, G = data(n, d)
+    Xs = jax.random.uniform(jax.random.key(3), (m, d), jnp.float64, -3, 3)
+    gp = eqgp.GaussianProcess(kernels.RBF(ls), noise=noise)
+    obs = eqgp.Observations.values_and_gradients(X, y, G)
+    op = eqgp.ValueAndGradient()
+
+    def predict(model):
+        post = model.condition(obs)
+        return post.mean(Xs, op), post.variance(Xs, op)
+
+    plain = eqx.filter_jit(predict)
+    options = eqx.filter_jit(predict, compiler_options=eqgp.compiler_options())
+    for a, b in zip(plain(gp), options(gp)):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+    t_options, r = paired_ratios(
+        lambda: jax.block_until_ready(options(gp)), {"plain": lambda: jax.block_until_ready(plain(gp))}, rounds=11
+    )
+    ratio = r["plain"][1]
+    print(
+        f"posterior (condition + mean and variance of values and gradients at {m} points), n={n} d={d}:"
+        f" {t_options * 1e3:.1f} ms with the options, plain/options {ratio:.2f} (median, 11 paired rounds)"
+    )
+    return ratio
+
+
 def main():
     ls = jnp.array([0.9, 1.4])
     noise = 1e-3
@@ -137,6 +169,8 @@ def main():
     high = timed_row(200, 10, jnp.full(10, 2.0), noise)[-2]  # the high-D row (2 200 rows)
     X, y, G, v1, t_plain, t_ours, t_ref, t_ref_plain, low, (plain_call, options_call) = timed_row(N, D, ls, noise)
     print(f"RESULT gp_likelihood_plain_vs_options {max(low, high):.3f}")
+    post = max(posterior_row(N, D, ls, noise), posterior_row(200, 10, jnp.full(10, 2.0), noise))
+    print(f"RESULT gp_posterior_plain_vs_options {post:.3f}")
     run = gpytorch_timer(X, y, G, ls, noise)
     if run is None:
         print("gpytorch not importable: skipping the GPyTorch comparison; ratios against autodiff instead")
