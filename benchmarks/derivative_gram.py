@@ -143,8 +143,8 @@ def main():
                 run = make_torch(name, X, ls)
                 err = float(jnp.max(jnp.abs(ours(X) - interleaved_to_blocked(jnp.asarray(run().numpy()), N, N, D))))
                 assert err < 1e-10, err
-                # Paired as well: the absolute times swing with the page faults of each call's
-                # fresh output (4 KiB pages of a new mmap), which both sides pay.
+                # Paired as well: absolute times swing from run to run here (the machine's other
+                # load; past 32 MiB, page faults of each call's freshly mapped output).
                 t_ref, r = paired_ratios(
                     lambda o=ours, X=X: jax.block_until_ready(o(X)), {"torch": run}, rounds=3 if D >= 20 else 7
                 )
