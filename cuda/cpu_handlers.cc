@@ -18,11 +18,10 @@ namespace {
 using eqgp::PlainOp;
 using eqgp::SumcumprodJvpOp;
 using eqgp::SumcumprodVjpOp;
-using eqgp::cpu::AdviseHugePages;
 using eqgp::cpu::ParallelForRows;
+using eqgp::cpu::PrepareOutput;
 using eqgp::cpu::RecurRows;
 using eqgp::cpu::Scratch;
-using eqgp::cpu::StreamOutput;
 
 template <typename T, bool Reverse, class O>
 void RunOp(ffi::ThreadPool& pool, const O& op, int64_t rows) {
@@ -34,8 +33,7 @@ ffi::Error LinearRecurrenceCpu(ffi::ThreadPool pool, bool reverse, ffi::AnyBuffe
   auto rn = eqgp::CheckOperands("eqgp_linear_recurrence[cpu]", a, b, *z);
   if (rn.has_error()) return rn.error();
   if (rn->rows == 0 || rn->n == 0) return ffi::Error::Success();
-  const bool stream = StreamOutput(z->untyped_data(), z->size_bytes());  // before anything touches z
-  AdviseHugePages(z->untyped_data(), z->size_bytes());
+  const bool stream = PrepareOutput(z->untyped_data(), z->size_bytes());
   auto run = [&](auto zero) {
     using T = decltype(zero);
     PlainOp<T> op{a.typed_data<T>(), b.typed_data<T>(), nullptr, z->typed_data<T>(), rn->n, stream};
@@ -78,8 +76,7 @@ ffi::Error SumcumprodJvpCpu(ffi::ThreadPool pool, bool transpose, ffi::AnyBuffer
   auto rn = eqgp::CheckJacobianOperands("eqgp_sumcumprod_jvp[cpu]", x, t, *out);
   if (rn.has_error()) return rn.error();
   if (rn->rows == 0 || rn->n == 0) return ffi::Error::Success();
-  const bool stream = StreamOutput(out->untyped_data(), out->size_bytes());
-  AdviseHugePages(out->untyped_data(), out->size_bytes());
+  const bool stream = PrepareOutput(out->untyped_data(), out->size_bytes());
   auto run = [&](auto zero) {
     using T = decltype(zero);
     const T* xp = x.typed_data<T>();

@@ -69,6 +69,14 @@ inline void AdviseHugePages(void* data, size_t bytes) {
 #endif
 }
 
+// What a handler does with its output before writing it: asks for huge pages and says
+// whether to stream it (residency is read first; the hint itself touches no page).
+inline bool PrepareOutput(void* data, size_t bytes) {
+  const bool stream = StreamOutput(data, bytes);
+  AdviseHugePages(data, bytes);
+  return stream;
+}
+
 // A per-thread buffer reused across calls: a fresh one would be page-faulted on
 // every call. Requests above kScratchKeep elements get a buffer of their own, so
 // one huge call does not pin its memory to a pool thread for good. Each Tag is a

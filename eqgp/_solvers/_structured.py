@@ -32,7 +32,7 @@ from .._gram import operator_gram
 from .._kernels import AbstractStationaryKernel, _per_dimension
 from .._operators import Gradient, Value, ValueAndGradient
 from ._abstract import AbstractSolver
-from ._cholesky import cholesky
+from ._cholesky import Cholesky, cholesky
 
 
 # The N^2 x N^2 system S: factorised once (LU), and differentiated by hand so that reverse
@@ -101,8 +101,7 @@ class _GradientBlock(eqx.Module):
 class _StructuredState(eqx.Module):
     block: _GradientBlock
     order: Array  # rows of K: the other observations' first, then the gradient block's
-    other: int = eqx.field(static=True)  # M, the number of other rows
-    cross: Array  # (N D, M) covariance of the gradient block with the other rows
+    cross: Array  # (N D, M) covariance of the gradient block with the M other rows
     Z: Array  # block^{-1} cross
     L: Array  # Cholesky factor of the Schur complement (M, M)
     logdet: Float[Array, ""]
@@ -266,20 +265,20 @@ class StructuredGradients(AbstractSolver):
         M, dtype = len(other_rows), cov.dtype
         if M == 0:
             z = jnp.zeros((len(grad_rows), 0), dtype)
-            return _StructuredState(block, order, 0, z, z, jnp.zeros((0, 0), dtype), block.logdet)
+            return _StructuredState(block, order, z, z, jnp.zeros((0, 0), dtype), block.logdet)
         # K = [[K_oo, cross^T], [cross, block]]: the Schur complement K_oo - cross^T block^{-1} cross.
         K_oo = operator_gram(kernel, others, others) + jnp.diag(cov.noise[other_rows])
         cross = _cross(kernel, X, others)
         Z = block.solve(cross)
         schur = K_oo - cross.T @ Z
         L = cholesky(0.5 * (schur + schur.T), 0.0)
-        logdet = block.logdet + 2.0 * jnp.sum(jnp.log(jnp.diagonal(L)))
-        return _StructuredState(block, order, M, cross, Z, L, logdet)
+        logdet = block.logdet + Cholesky().logdet(L)  # a Cholesky solver's state is its factor
+        return _StructuredState(block, order, cross, Z, L, logdet)
 
     def solve(self, state: _StructuredState, B):
         vec = B.ndim == 1
         B2 = (B[:, None] if vec else B)[state.order]
-        M = state.other
+        M = state.cross.shape[1]
         w = state.block.solve(B2[M:])
         if M:
             x_o = jsl.cho_solve((state.L, True), B2[:M] - state.cross.T @ w)
