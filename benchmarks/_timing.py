@@ -19,6 +19,12 @@ def median_time(fn, *args, repeats: int = 7, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
+def torch_device(torch) -> str:
+    """Where the GPyTorch columns run: "cuda" when JAX runs on a GPU and torch sees one (both
+    libraries on the same device), else "cpu"."""
+    return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+
+
 def _minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt  # every thread of the process
 

@@ -21,7 +21,7 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _timing import median_time, paired_ratios  # noqa: E402
+from _timing import median_time, paired_ratios, torch_device  # noqa: E402
 
 import eqgp  # noqa: E402
 from eqgp import kernels  # noqa: E402
@@ -78,17 +78,26 @@ def gpytorch_paths():
     except ImportError:
         return None
     torch.set_num_threads(2)
+    dev = torch_device(torch)
+    print(f"gpytorch runs on {dev}")
 
     def make(kind, X, ls):
-        k = {"rbf": gpytorch.kernels.RBFKernelGrad, "m52": gpytorch.kernels.Matern52KernelGrad}[kind](
-            ard_num_dims=X.shape[1]
-        ).double()
-        k.lengthscale = torch.tensor(np.asarray(ls))[None]
-        Xt = torch.tensor(np.asarray(X))
+        k = (
+            {"rbf": gpytorch.kernels.RBFKernelGrad, "m52": gpytorch.kernels.Matern52KernelGrad}[kind](
+                ard_num_dims=X.shape[1]
+            )
+            .double()
+            .to(dev)
+        )
+        k.lengthscale = torch.tensor(np.asarray(ls), device=dev)[None]
+        Xt = torch.tensor(np.asarray(X), device=dev)
 
         def run():
             with torch.no_grad(), gpytorch.settings.lazily_evaluate_kernels(False):
-                return k(Xt, Xt).to_dense()
+                out = k(Xt, Xt).to_dense()
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            return out
 
         return run
 
@@ -141,7 +150,8 @@ def main():
                 worst = max(worst, ratio)
             if make_torch is not None:
                 run = make_torch(name, X, ls)
-                err = float(jnp.max(jnp.abs(ours(X) - interleaved_to_blocked(jnp.asarray(run().numpy()), N, N, D))))
+                theirs = interleaved_to_blocked(jnp.asarray(run().cpu().numpy()), N, N, D)
+                err = float(jnp.max(jnp.abs(ours(X) - theirs)))
                 assert err < 1e-10, err
                 # Paired as well: absolute times swing from run to run here (the machine's other
                 # load; past 32 MiB, page faults of each call's freshly mapped output).

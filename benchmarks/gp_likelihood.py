@@ -28,7 +28,7 @@ jax.config.update("jax_enable_x64", True)
 import equinox as eqx  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _timing import median_time, paired_ratios  # noqa: E402
+from _timing import median_time, paired_ratios, torch_device  # noqa: E402
 
 import eqgp  # noqa: E402
 from eqgp import kernels  # noqa: E402
@@ -61,8 +61,9 @@ def gpytorch_timer(X, y, G, ls, noise):
     except ImportError:
         return None
     torch.set_num_threads(2)
-    Xt = torch.tensor(np.asarray(X))
-    Yt = torch.tensor(np.concatenate([np.asarray(y)[:, None], np.asarray(G)], 1))
+    dev = torch_device(torch)
+    Xt = torch.tensor(np.asarray(X), device=dev)
+    Yt = torch.tensor(np.concatenate([np.asarray(y)[:, None], np.asarray(G)], 1), device=dev)
 
     class Model(gpytorch.models.ExactGP):
         def __init__(self, likelihood):
@@ -74,11 +75,11 @@ def gpytorch_timer(X, y, G, ls, noise):
             return gpytorch.distributions.MultitaskMultivariateNormal(self.mean_module(x), self.covar_module(x))
 
     lik = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=D + 1, has_global_noise=False).double()
-    model = Model(lik).double()
-    model.covar_module.base_kernel.lengthscale = torch.tensor(np.asarray(ls))[None]
+    model = Model(lik).double().to(dev)
+    model.covar_module.base_kernel.lengthscale = torch.tensor(np.asarray(ls), device=dev)[None]
     model.covar_module.outputscale = 1.0
     model.mean_module.constant.data.zero_()
-    lik.task_noises = torch.full((D + 1,), noise, dtype=torch.float64)
+    lik.task_noises = torch.full((D + 1,), noise, dtype=torch.float64, device=dev)
     model.train()
     lik.train()
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(lik, model)
@@ -88,8 +89,9 @@ def gpytorch_timer(X, y, G, ls, noise):
         with gpytorch.settings.max_cholesky_size(10**6), gpytorch.settings.fast_computations(False, False, False):
             loss = -mll(model(Xt), Yt) * Yt.numel()
         loss.backward()
-        return loss.item()
+        return loss.item()  # waits for the device
 
+    print(f"gpytorch runs on {dev}")
     return run
 
 
