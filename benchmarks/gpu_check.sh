@@ -18,7 +18,7 @@ LOG=${OUT:-/tmp}/gpu_check.log
 SUMMARY=""
 exec > >(tee "$LOG") 2>&1
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false CI=true
-PY=python3
+export PY=python3
 
 stage() {  # stage NAME MAX_SECONDS COMMAND...
   local name=$1 max=$2; shift 2
@@ -27,11 +27,12 @@ stage() {  # stage NAME MAX_SECONDS COMMAND...
   if (( max < 15 )); then SUMMARY+="$name: SKIPPED (deadline)"$'\n'; return; fi
   echo "=== $name (up to ${max}s) ==="
   local t0=$(date +%s)
-  timeout "$max" "$@"; local rc=$?
+  timeout "$max" bash -c '"$@"' _ "$@"; local rc=$?  # functions are exported to the child
   local dt=$(( $(date +%s) - t0 ))
   local verdict=ok; (( rc != 0 )) && verdict="FAILED rc=$rc"; (( rc == 124 )) && verdict="TIMED OUT"
   SUMMARY+="$name: $verdict (${dt}s)"$'\n'
   echo "=== $name: $verdict (${dt}s) ==="
+  return $rc
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
@@ -49,11 +50,13 @@ assert "cuda" in eqgp.ops.NATIVE_PLATFORMS, "CUDA handlers not built/loaded"
 PY
   )
 }
+export -f build
 stage build 240 build || { echo "$SUMMARY"; exit 1; }
 
 # The installed package, not the source tree (which has no compiled modules): run from /tmp.
-T=$PWD/tests
-pytest_gpu() { (cd /tmp && $PY -m pytest -q -rfE -p no:cacheprovider -c "$OLDPWD/pyproject.toml" --rootdir "$OLDPWD" "$@"); }
+export T=$PWD/tests ROOT=$PWD
+pytest_gpu() { (cd /tmp && $PY -m pytest -q -rfE -p no:cacheprovider -c "$ROOT/pyproject.toml" --rootdir "$ROOT" "$@"); }
+export -f pytest_gpu
 stage op-tests 150 pytest_gpu -n 8 "$T/test_ops.py" "$T/test_nn.py" "$T/test_linalg.py"
 
 bandwidth() { (cd /tmp && $PY - <<'PY'
@@ -87,6 +90,7 @@ for shape in [(16384, 16384), (4096, 4096), (1 << 20, 64), (16, 1 << 22), (4096,
 print(f"RESULT sumcumprod_gpu_bandwidth_fraction {result:.3f}")
 PY
 ); }
+export -f bandwidth
 stage bandwidth 90 bandwidth
 
 cat > /tmp/eqgp_memcheck.py <<'PY'
@@ -104,6 +108,7 @@ for shape in [(3, 5), (7, 300), (2, 3000), (1, 0), (0, 4), (5000,)]:
 print("memcheck workload done")
 PY
 memcheck() { (cd /tmp && compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 $PY /tmp/eqgp_memcheck.py 2>&1 | tail -25); }
+export -f memcheck
 stage memcheck 120 memcheck
 
 stage solver-tests 120 pytest_gpu -n 8 "$T/test_covariance.py" "$T/test_solvers.py" "$T/test_structured.py"
