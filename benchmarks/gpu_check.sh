@@ -3,6 +3,7 @@
 # jaxtyping, optax, lineax, pybind11, scikit-build-core, cmake, nvcc preinstalled; beartype and
 # matfree as wheels in .whl/ if missing). Run from the repository root:
 #   bash benchmarks/gpu_check.sh [seconds]     (a deadline for the whole run; default 450)
+#   ONLY="build op-tests" bash benchmarks/gpu_check.sh   (only the named stages)
 # Stages, most important first, each bounded by what is left of the deadline; a failed stage
 # is reported and the next one runs. The log goes to $OUT/gpu_check.log when OUT is set.
 #  1. build eqgp with the CUDA handlers (no build isolation: uses what is installed);
@@ -22,6 +23,7 @@ export PY=python3
 
 stage() {  # stage NAME MAX_SECONDS COMMAND...
   local name=$1 max=$2; shift 2
+  if [[ -n ${ONLY:-} && " $ONLY " != *" $name "* ]]; then SUMMARY+="$name: not asked for (ONLY)"$'\n'; return 0; fi
   local left=$(( DEADLINE - $(date +%s) ))
   (( left < max )) && max=$left
   if (( max < 15 )); then SUMMARY+="$name: SKIPPED (deadline)"$'\n'; return; fi
@@ -57,7 +59,8 @@ stage build 240 build || { echo "$SUMMARY"; exit 1; }
 export T=$PWD/tests ROOT=$PWD
 pytest_gpu() { (cd /tmp && $PY -m pytest -q -rfE -p no:cacheprovider -c "$ROOT/pyproject.toml" --rootdir "$ROOT" "$@"); }
 export -f pytest_gpu
-stage op-tests 150 pytest_gpu -n 8 "$T/test_ops.py" "$T/test_nn.py" "$T/test_linalg.py"
+stage op-tests 150 pytest_gpu -n 8 "$T/test_ops.py" "$T/test_nn.py" "$T/test_linalg.py" \
+  "$T/test_properties.py" -k "not test_properties.py or sumcumprod"
 
 bandwidth() { (cd /tmp && $PY - <<'PY'
 import statistics, time

@@ -26,15 +26,33 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+// flags: kReal (a map of the row, not the scan's identity padding) and kNonFinite (some
+// `a` in the composed segment is inf or NaN).
+constexpr unsigned kReal = 1, kNonFinite = 2;
+
 template <typename T>
 struct Affine {
   T a, b;
+  unsigned flags;
 };
 
+template <typename T>
+__device__ __forceinline__ Affine<T> Identity() {
+  return Affine<T>{T(1), T(0), 0u};
+}
+
+// The composition follows what the sequential recurrence computes where arithmetic is not
+// exact: the identity (padding, the empty running prefix) leaves a map unchanged instead of
+// multiplying its `a` by a zero carry (inf * 0 = NaN where a row starts with an inf), and a
+// zero carry through a segment of finite `a`s adds nothing even where their product
+// overflows (the sequential recurrence multiplies one finite `a` at a time by a zero).
 struct Compose {  // p applied first, then c
   template <typename T>
   __device__ __forceinline__ Affine<T> operator()(const Affine<T>& p, const Affine<T>& c) const {
-    return Affine<T>{c.a * p.a, c.a * p.b + c.b};
+    if (!(p.flags & kReal)) return c;
+    if (!(c.flags & kReal)) return p;
+    const bool skip = p.b == T(0) && !(c.flags & kNonFinite);
+    return Affine<T>{c.a * p.a, skip ? c.b : c.a * p.b + c.b, p.flags | c.flags};
   }
 };
 
@@ -51,7 +69,8 @@ struct RunningPrefix {  // the composition of every earlier tile of the row
 // Element access (eqgp::RecurrenceOp, shared with the CPU kernels) as affine maps.
 template <typename T, class O>
 __device__ __forceinline__ Affine<T> Load(const O& op, int64_t off, int64_t p) {
-  return Affine<T>{op.A(off + p, p), op.B(off + p, p)};
+  const T a = op.A(off + p, p);
+  return Affine<T>{a, op.B(off + p, p), isfinite(a) ? kReal : kReal | kNonFinite};
 }
 template <typename T, class O>
 __device__ __forceinline__ void Store(const O& op, int64_t off, int64_t p, T state) {
@@ -84,7 +103,7 @@ __global__ void BlockRowKernel(O op, int64_t rows, int64_t n) {
   } temp;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t off = row * n;
-    RunningPrefix<T> prefix{Affine<T>{T(1), T(0)}};
+    RunningPrefix<T> prefix{Identity<T>()};
     for (int64_t base = 0; base < n; base += kTile) {
       Affine<T> it[kItems];
 #pragma unroll
@@ -93,7 +112,7 @@ __global__ void BlockRowKernel(O op, int64_t rows, int64_t n) {
         if (s < n) {
           it[k] = Load<T>(op, off, Pos<Reverse>(s, n));
         } else {
-          it[k] = Affine<T>{T(1), T(0)};  // identity map
+          it[k] = Identity<T>();  // padding
         }
       }
       Exchange(temp.exchange).StripedToBlocked(it);
@@ -120,16 +139,17 @@ __global__ void WarpRowKernel(O op, int64_t rows, int64_t n) {
   for (int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + warp; row < rows;
        row += int64_t(gridDim.x) * kWarpsPerBlock) {
     const int64_t off = row * n;
-    Affine<T> running{T(1), T(0)};
+    Affine<T> running = Identity<T>();
     for (int64_t base = 0; base < n; base += 32) {
       const int64_t s = base + lane;
-      Affine<T> it{T(1), T(0)};
+      Affine<T> it = Identity<T>();
       if (s < n) it = Load<T>(op, off, Pos<Reverse>(s, n));
       WarpScan(temp[warp]).InclusiveScan(it, it, Compose{});
       it = Compose{}(running, it);
       if (s < n) Store(op, off, Pos<Reverse>(s, n), it.b);
       running.a = __shfl_sync(0xffffffffu, it.a, 31);
       running.b = __shfl_sync(0xffffffffu, it.b, 31);
+      running.flags = __shfl_sync(0xffffffffu, it.flags, 31);
     }
   }
 }
@@ -177,28 +197,24 @@ ffi::Error LinearRecurrenceCuda(cudaStream_t stream, bool reverse, ffi::AnyBuffe
   return LaunchError(name);
 }
 
-// transpose = false: out = J t; true: out = J^T t (J the Jacobian of sumcumprod at x).
-// z = sumcumprod(x) goes to a scratch buffer from XLA's allocator first, then the
-// product reads it (the CPU handler recomputes z in cache instead).
-ffi::Error SumcumprodJvpCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, bool transpose, ffi::AnyBuffer x,
-                             ffi::AnyBuffer t, ffi::Result<ffi::AnyBuffer> out) {
+// transpose = false: out = J t; true: out = J^T t (J the Jacobian of sumcumprod at x),
+// given z = sumcumprod(x), which the lowering computes first with the native recurrence
+// into a buffer XLA plans (XLA:GPU's FFI scratch allocator refused every request on an
+// H200 under jax 0.11; an operand XLA allocates is the documented way).
+ffi::Error SumcumprodJvpCuda(cudaStream_t stream, bool transpose, ffi::AnyBuffer x, ffi::AnyBuffer t,
+                             ffi::AnyBuffer z, ffi::Result<ffi::AnyBuffer> out) {
   const char* name = "eqgp_sumcumprod_jvp[cuda]";
-  auto rn = eqgp::CheckJacobianOperands(name, x, t, *out);
+  auto rn = eqgp::CheckOperands(name, x, t, *out, {"x", "t", "out"});
   if (rn.has_error()) return rn.error();
+  auto rz = eqgp::CheckOperands(name, x, z, *out, {"x", "z", "out"});
+  if (rz.has_error()) return rz.error();
   if (rn->rows == 0 || rn->n == 0) return ffi::Error::Success();
-  auto mem = scratch.Allocate(x.size_bytes(), 256);
-  if (!mem.has_value()) {
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      std::string(name) + ": could not allocate " + std::to_string(x.size_bytes()) +
-                          " bytes of scratch for sumcumprod(x)");
-  }
   auto run = [&](auto zero) {
     using T = decltype(zero);
     const T* xp = x.typed_data<T>();
     const T* tp = t.typed_data<T>();
-    T* zp = static_cast<T*>(*mem);
+    const T* zp = z.typed_data<T>();
     T* op = out->typed_data<T>();
-    Launch<T, true>(stream, PlainOp<T>{xp, xp, nullptr, zp, rn->n}, rn->rows, rn->n);
     if (transpose) {
       Launch<T, false>(stream, SumcumprodVjpOp<T>{xp, tp, zp, op, rn->n}, rn->rows, rn->n);
     } else {
@@ -223,8 +239,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EqgpLinearRecurrenceCuda, LinearRecurrenceCuda,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EqgpSumcumprodJvpCuda, SumcumprodJvpCuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
                                   .Attr<bool>("transpose")
-                                  .Arg<ffi::AnyBuffer>()    // x
-                                  .Arg<ffi::AnyBuffer>()    // t
-                                  .Ret<ffi::AnyBuffer>());  // J t or J^T t
+                                  .Arg<ffi::AnyBuffer>()   // x
+                                  .Arg<ffi::AnyBuffer>()   // t
+                                  .Arg<ffi::AnyBuffer>()   // z = sumcumprod(x)
+                                  .Ret<ffi::AnyBuffer>(),  // J t or J^T t
+                              {ffi::Traits::kCmdBufferCompatible});

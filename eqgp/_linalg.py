@@ -11,7 +11,9 @@ from ._native import HAVE_NATIVE_INVERSE
 
 def _generic(L):
     eye = jnp.broadcast_to(jnp.eye(L.shape[-1], dtype=L.dtype), L.shape)
-    return jsl.cho_solve((L, True), eye)
+    A = jsl.cho_solve((L, True), eye)
+    # Exactly symmetric, as potri's result is (the solves' rounding is not, e.g. on GPU).
+    return 0.5 * (A + jnp.swapaxes(A, -1, -2))
 
 
 def _native(L):

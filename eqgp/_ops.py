@@ -232,8 +232,21 @@ sumcumprod_jvp_p.def_abstract_eval(_scp_abstract_eval)
 mlir.register_lowering(
     sumcumprod_jvp_p, mlir.lower_fun(_scp_jvp_reference, multiple_results=False)
 )  # the fallback: its recurrence warns once where no native handler exists
+
+
+def _scp_jvp_cuda(x, t, *, transpose):
+    # The CUDA handler reads z = sumcumprod(x) from an operand that XLA allocates (the CPU
+    # one recomputes z in cache): the native recurrence first, then the fused product.
+    z = linear_recurrence_p.bind(x, x, reverse=True)
+    call = jax.ffi.ffi_call("eqgp_sumcumprod_jvp", jax.ShapeDtypeStruct(t.shape, t.dtype))
+    return call(x, t, z, transpose=bool(transpose))
+
+
 for _platform in BUILT_PLATFORMS:
-    mlir.register_lowering(sumcumprod_jvp_p, _native_lowering("eqgp_sumcumprod_jvp"), platform=_platform)
+    if _platform == "cuda":
+        mlir.register_lowering(sumcumprod_jvp_p, mlir.lower_fun(_scp_jvp_cuda, multiple_results=False), platform="cuda")
+    else:
+        mlir.register_lowering(sumcumprod_jvp_p, _native_lowering("eqgp_sumcumprod_jvp"), platform=_platform)
 
 
 def _scp_jvp_rule(primals, tangents, *, transpose):

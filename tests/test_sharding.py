@@ -49,6 +49,7 @@ SCRIPT = textwrap.dedent(
 
 def test_sharded_equals_unsharded():
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = "cpu"  # simulated CPU devices, also on a machine with a GPU
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = {line.split()[1]: line.split()[2:] for line in out.stdout.splitlines() if line.startswith("RESULT")}
