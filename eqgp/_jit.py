@@ -35,6 +35,24 @@ def compiler_options() -> dict[str, str]:
     return dict(_probe())
 
 
+def full_precision(fn):
+    """`fn` traced with its matrix products at full float32 precision.
+
+    On GPUs JAX's default lets XLA run float32 products as TF32 (a 10-bit mantissa, ~1e-3
+    relative error), which loses a Cholesky of a gram matrix (seen on an H200: float32
+    training failed its Cholesky, products off by 1e-4). GPyTorch (PyTorch) does not use
+    TF32 by default either. The precision is bound into each product when it is traced, so
+    this wraps eqgp's entry points and its hand-written backward passes; on CPU and in
+    float64 it changes nothing."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with jax.default_matmul_precision("highest"):
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
 def _tracing() -> bool:
     """Whether we are inside a trace (jit, grad, vmap, ...): then options are not allowed."""
     return isinstance(jnp.zeros(()), jax.core.Tracer)  # under a jit trace every op is staged
@@ -50,7 +68,7 @@ class _LazyJit:
 
     def __init__(self, fn):
         functools.update_wrapper(self, fn)
-        self._fn = fn
+        self._fn = fn = full_precision(fn)
         self._plain = eqx.filter_jit(fn)
         self._top = None
 

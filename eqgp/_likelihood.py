@@ -6,6 +6,7 @@ import equinox as eqx
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._covariance import Covariance
+from ._jit import full_precision
 from ._solvers import AbstractSolver
 
 
@@ -48,11 +49,13 @@ def _forward(diff, solver, key):
 
 
 @_loglik.def_fwd
+@full_precision
 def _loglik_fwd(perturbed, diff, solver, key):
     return _forward(diff, solver, key)
 
 
 @_loglik.def_bwd
+@full_precision
 def _loglik_bwd(residuals, g, perturbed, diff, solver, key):
     state, alpha = residuals
     cov, _ = diff

@@ -69,8 +69,11 @@ def _recurrence(x: np.ndarray, axis: int, reverse: bool) -> np.ndarray:
 def _check_same(got, want, bound, dtype, n):
     got = np.asarray(got, np.float64)
     finite = np.isfinite(want)
-    assert np.array_equal(np.isnan(got), np.isnan(want)), "NaN in different places"
-    assert np.array_equal(got[np.isinf(want)], want[np.isinf(want)]), "inf in different places"
+    if jax.default_backend() == "cpu":  # a sequential recurrence per row, as the reference
+        assert np.array_equal(np.isnan(got), np.isnan(want)), "NaN in different places"
+        assert np.array_equal(got[np.isinf(want)], want[np.isinf(want)]), "inf in different places"
+    else:  # a parallel scan: products of inf and 0 come in another order (NaN or inf)
+        assert np.array_equal(np.isfinite(got), finite), "non-finite values in different places"
     eps = np.finfo(dtype).eps
     tol = 8 * (n + 2) * eps * np.where(np.isfinite(bound), bound, 0.0) + np.finfo(dtype).tiny
     err = np.abs(got - want)

@@ -29,6 +29,7 @@ from jaxtyping import Array, Float
 
 from .._covariance import Covariance
 from .._gram import operator_gram
+from .._jit import full_precision
 from .._kernels import AbstractStationaryKernel, _per_dimension
 from .._operators import Gradient, Value, ValueAndGradient
 from ._abstract import AbstractSolver
@@ -52,7 +53,7 @@ def _logdet_bwd(lu, g):
     return g * jsl.lu_solve(lu, eye, trans=1), jax.tree.map(jnp.zeros_like, lu)
 
 
-_logdet.defvjp(_logdet_fwd, _logdet_bwd)
+_logdet.defvjp(full_precision(_logdet_fwd), full_precision(_logdet_bwd))
 
 
 @jax.custom_vjp
@@ -71,7 +72,7 @@ def _solve_bwd(res, g):
     return -lam @ u.T, jax.tree.map(jnp.zeros_like, lu), lam
 
 
-_solve.defvjp(_solve_fwd, _solve_bwd)
+_solve.defvjp(full_precision(_solve_fwd), full_precision(_solve_bwd))
 
 
 class _GradientBlock(eqx.Module):
