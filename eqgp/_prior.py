@@ -76,21 +76,27 @@ def prior(kernel, mean: Callable, noise: tuple[Array, ...], obs: Observations) -
         raise TypeError(f"`obs` must be an eqgp.Observations; got {type(obs).__name__}.")
     noise = noise_per_group(noise, obs)
     diag = jnp.concatenate([group_noise(n, g) for g, n in zip(obs.groups, noise)])
-    cov = Covariance(kernel, tuple((g.operator, g.X) for g in obs.groups), diag)
     m = jnp.concatenate([group_mean(mean, g.operator, g.X) for g in obs.groups])
     y = obs.flat_targets()
     # Value problems are only visible at run time (under jit too): check where they enter.
-    y = eqx.error_if(y, ~jnp.all(jnp.isfinite(y)), "eqgp: the observation targets hold NaN or inf.")
-    y = eqx.error_if(
-        y,
+    # The checks are chained on (y, diag) and the covariance is built from the checked diag,
+    # so everything downstream (the Cholesky and its own check) waits for them: the first
+    # problem is the one reported, on GPU as on CPU.
+    checked = (y, diag)
+    checked = eqx.error_if(checked, ~jnp.all(jnp.isfinite(y)), "eqgp: the observation targets hold NaN or inf.")
+    checked = eqx.error_if(
+        checked,
         ~jnp.all(jnp.stack([jnp.all(jnp.isfinite(g.X)) for g in obs.groups])),
         "eqgp: the observation points `X` hold NaN or inf.",
     )
-    y = eqx.error_if(y, ~_all_finite(kernel), "eqgp: a kernel hyper-parameter is NaN or inf (diverged training?).")
-    y = eqx.error_if(y, ~_all_finite(mean), "eqgp: a mean-function parameter is NaN or inf.")
-    y = eqx.error_if(
-        y, ~jnp.all(jnp.isfinite(diag)) | jnp.any(diag < 0), "eqgp: the noise variance is NaN, inf or negative."
+    checked = eqx.error_if(
+        checked, ~_all_finite(kernel), "eqgp: a kernel hyper-parameter is NaN or inf (diverged training?)."
     )
+    checked = eqx.error_if(checked, ~_all_finite(mean), "eqgp: a mean-function parameter is NaN or inf.")
+    y, diag = eqx.error_if(
+        checked, ~jnp.all(jnp.isfinite(diag)) | jnp.any(diag < 0), "eqgp: the noise variance is NaN, inf or negative."
+    )
+    cov = Covariance(kernel, tuple((g.operator, g.X) for g in obs.groups), diag)
     return cov, y - m
 
 

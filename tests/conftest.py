@@ -13,6 +13,11 @@ import pytest  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
+if jax.default_backend() == "gpu":
+    # JAX's default float32 products on a GPU are TF32: the tests' own references (K @ v, ...)
+    # must be exact. eqgp's products are full precision by themselves, which test_jit checks
+    # on CPU (there this setting would make that check vacuous).
+    jax.config.update("jax_default_matmul_precision", "highest")
 
 
 @pytest.fixture
