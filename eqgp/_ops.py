@@ -93,8 +93,39 @@ def _fallback(a, b, *, reverse):
 
 
 mlir.register_lowering(linear_recurrence_p, mlir.lower_fun(_fallback, multiple_results=False))
+
+# The CUDA kernels give each row one thread block (or one warp): a few very long rows leave
+# most of the GPU idle. Measured on an H200 (benchmarks/gpu_check.sh): (16, 2^22) float32
+# took 37x a device copy natively and 5x less as XLA's associative scan, while with
+# thousands of rows the native kernel is 1.4-1.7x faster than the scan. So on CUDA, arrays of
+# fewer than `_CUDA_FEW_ROWS` rows that are at least `_CUDA_LONG_ROW` long lower to the scan.
+_CUDA_FEW_ROWS = 64
+_CUDA_LONG_ROW = 1 << 18
+
+
+def _cuda_prefers_scan(shape) -> bool:
+    rows = int(np.prod(shape[:-1], dtype=np.int64))
+    return len(shape) > 0 and rows < _CUDA_FEW_ROWS and shape[-1] >= _CUDA_LONG_ROW
+
+
+def _cuda_lowering(native, reference):
+    """`native` (a lowering rule), or `reference` lowered (a function of the operands) for
+    the few-long-rows shapes of `_cuda_prefers_scan`."""
+    scan = mlir.lower_fun(reference, multiple_results=False)
+
+    def lowering(ctx, *args, **params):
+        if _cuda_prefers_scan(ctx.avals_in[0].shape):
+            return scan(ctx, *args, **params)
+        return native(ctx, *args, **params)
+
+    return lowering
+
+
 for _platform in BUILT_PLATFORMS:
-    mlir.register_lowering(linear_recurrence_p, _native_lowering(_TARGET), platform=_platform)
+    rule = _native_lowering(_TARGET)
+    if _platform == "cuda":
+        rule = _cuda_lowering(rule, lambda a, b, *, reverse: linear_recurrence_reference(a, b, reverse=bool(reverse)))
+    mlir.register_lowering(linear_recurrence_p, rule, platform=_platform)
 
 
 def _jvp(primals, tangents, *, reverse):
@@ -244,7 +275,8 @@ def _scp_jvp_cuda(x, t, *, transpose):
 
 for _platform in BUILT_PLATFORMS:
     if _platform == "cuda":
-        mlir.register_lowering(sumcumprod_jvp_p, mlir.lower_fun(_scp_jvp_cuda, multiple_results=False), platform="cuda")
+        rule = _cuda_lowering(mlir.lower_fun(_scp_jvp_cuda, multiple_results=False), _scp_jvp_reference)
+        mlir.register_lowering(sumcumprod_jvp_p, rule, platform="cuda")
     else:
         mlir.register_lowering(sumcumprod_jvp_p, _native_lowering("eqgp_sumcumprod_jvp"), platform=_platform)
 

@@ -428,3 +428,26 @@ def test_four_threads_at_once_give_correct_results():
     for x, (y, g) in zip(xs, outs):
         assert_close(y, sumcumprod_quadratic(x), rtol=1e-12)
         assert_close(g, ref_grad(x), rtol=1e-10)
+
+
+def _cuda_custom_calls(fn, *shapes):
+    args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    return [line.split("custom_call @")[1].split("(")[0] for line in text.splitlines() if "custom_call @" in line]
+
+
+@pytest.mark.skipif("cuda" not in eqgp._native.BUILT_PLATFORMS, reason="the CUDA module is not built")
+def test_cuda_lowers_few_long_rows_to_the_scan():
+    # One thread block per row leaves an H200 idle with 16 rows of 2^22 (37x a device copy,
+    # 5x XLA's associative scan): such shapes lower to the scan on CUDA, every other shape
+    # and every direction of differentiation to the native calls. Lowered here, no GPU needed.
+    grad = jax.grad(lambda v: jnp.sum(sumcumprod(v)))
+    jvp = lambda v, t: jax.jvp(sumcumprod, (v,), (t,))  # noqa: E731
+    for shape in [(16, 1 << 22), (1 << 22,), (2, 8, 1 << 18)]:
+        assert _cuda_custom_calls(sumcumprod, shape) == []
+        assert _cuda_custom_calls(grad, shape) == []
+        assert _cuda_custom_calls(jvp, shape, shape) == []
+    for shape in [(3, 5), (64, 1 << 22), (16, 1 << 17), (4096,)]:
+        assert _cuda_custom_calls(sumcumprod, shape) == ["eqgp_linear_recurrence"]
+        assert _cuda_custom_calls(grad, shape) == ["eqgp_linear_recurrence", "eqgp_sumcumprod_jvp"]
+        assert "eqgp_sumcumprod_jvp" in _cuda_custom_calls(jvp, shape, shape)
