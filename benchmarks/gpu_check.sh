@@ -9,7 +9,7 @@
 #  1. build eqgp with the CUDA handlers (no build isolation: uses what is installed);
 #  2. the op / layer / linear-algebra tests with JAX on the GPU;
 #  3. sumcumprod (16384, 16384) etc. float32: native forward vs a device copy (bandwidth);
-#  4. compute-sanitizer memcheck on small cases (both directions, both row paths);
+#  4. compute-sanitizer memcheck, racecheck and synccheck on small cases (both directions, both row paths);
 #  5. the covariance / solver tests, then the rest of the suite (not the docs build);
 #  6. benchmarks: derivative grams and the likelihood (GPyTorch on the same GPU), matrix-free.
 set -uo pipefail
@@ -110,7 +110,11 @@ for shape in [(3, 5), (7, 300), (2, 3000), (1, 0), (0, 4), (5000,)]:
         jax.block_until_ready(jax.jvp(sumcumprod, (a,), (a,)))  # J t
 print("memcheck workload done")
 PY
-memcheck() { (cd /tmp && compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 $PY /tmp/eqgp_memcheck.py 2>&1 | tail -25); }
+memcheck() {
+  (cd /tmp && for tool in memcheck racecheck synccheck; do  # out-of-bounds, shared-memory races, barriers
+    echo "--- $tool"; compute-sanitizer --tool $tool --error-exitcode 3 $PY /tmp/eqgp_memcheck.py 2>&1 | tail -8 || exit 3
+  done)
+}
 export -f memcheck
 stage memcheck 120 memcheck
 
