@@ -111,12 +111,13 @@ for shape in [(3, 5), (7, 300), (2, 3000), (1, 0), (0, 4), (5000,)]:
 print("memcheck workload done")
 PY
 memcheck() {
+  set -o pipefail
   (cd /tmp && for tool in memcheck racecheck synccheck; do  # out-of-bounds, shared-memory races, barriers
     echo "--- $tool"; compute-sanitizer --tool $tool --error-exitcode 3 $PY /tmp/eqgp_memcheck.py 2>&1 | tail -8 || exit 3
   done)
 }
 export -f memcheck
-stage memcheck 120 memcheck
+stage memcheck 180 memcheck
 
 stage solver-tests 120 pytest_gpu -n 8 "$T/test_covariance.py" "$T/test_solvers.py" "$T/test_structured.py"
 stage rest-of-suite 200 pytest_gpu -n 12 "$T" --ignore="$T/test_docs.py" --ignore="$T/test_ops.py" \
