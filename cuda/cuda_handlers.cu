@@ -204,7 +204,7 @@ ffi::Error LinearRecurrenceCuda(cudaStream_t stream, bool reverse, ffi::AnyBuffe
 ffi::Error SumcumprodJvpCuda(cudaStream_t stream, bool transpose, ffi::AnyBuffer x, ffi::AnyBuffer t,
                              ffi::AnyBuffer z, ffi::Result<ffi::AnyBuffer> out) {
   const char* name = "eqgp_sumcumprod_jvp[cuda]";
-  auto rn = eqgp::CheckOperands(name, x, t, *out, {"x", "t", "out"});
+  auto rn = eqgp::CheckJacobianOperands(name, x, t, *out);
   if (rn.has_error()) return rn.error();
   auto rz = eqgp::CheckOperands(name, x, z, *out, {"x", "z", "out"});
   if (rz.has_error()) return rz.error();

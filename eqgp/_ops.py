@@ -274,11 +274,10 @@ def _scp_jvp_cuda(x, t, *, transpose):
 
 
 for _platform in BUILT_PLATFORMS:
+    rule = _native_lowering("eqgp_sumcumprod_jvp")
     if _platform == "cuda":
         rule = _cuda_lowering(mlir.lower_fun(_scp_jvp_cuda, multiple_results=False), _scp_jvp_reference)
-        mlir.register_lowering(sumcumprod_jvp_p, rule, platform="cuda")
-    else:
-        mlir.register_lowering(sumcumprod_jvp_p, _native_lowering("eqgp_sumcumprod_jvp"), platform=_platform)
+    mlir.register_lowering(sumcumprod_jvp_p, rule, platform=_platform)
 
 
 def _scp_jvp_rule(primals, tangents, *, transpose):
