@@ -10,6 +10,7 @@ from jaxtyping import Array, Float
 from ._checks import as_points, check_same_dtype
 from ._jit import jit
 from ._kernels import AbstractKernel, scalar_call
+from ._memory import in_huge_pages
 from ._operators import AbstractOperator, ValueAndGradient
 
 Layout = Literal["blocked", "interleaved"]
@@ -86,7 +87,7 @@ def gram(
     X2 = as_points("X2", X2, X1.shape[1])
     check_same_dtype(X1=X1, X2=X2)
     f = eqx.filter_vmap(eqx.filter_vmap(scalar_call(kernel), in_axes=(None, 0)), in_axes=(0, None))
-    return f(X1, X2)
+    return in_huge_pages(f(X1, X2))
 
 
 @jit
@@ -119,7 +120,7 @@ def gradient_gram(
     X2 = as_points("X2", X2, X1.shape[1])
     check_same_dtype(X1=X1, X2=X2)
     op = ValueAndGradient()
-    return _cross(kernel, op, X1, op, X2, layout)
+    return in_huge_pages(_cross(kernel, op, X1, op, X2, layout))
 
 
 def _as_groups(name: str, obs) -> list[tuple[AbstractOperator, Array]]:
@@ -174,7 +175,7 @@ def operator_gram(kernel: AbstractKernel, obs1, obs2, layout: Layout = "blocked"
 def _operator_gram(kernel, g1, g2, layout: Layout = "blocked") -> Array:
     """`operator_gram` on validated groups (for callers that checked their inputs once)."""
     rows = [jnp.concatenate([_cross(kernel, a, X1, b, X2, layout) for b, X2 in g2], axis=1) for a, X1 in g1]
-    return jnp.concatenate(rows, axis=0)
+    return in_huge_pages(jnp.concatenate(rows, axis=0))
 
 
 @jit

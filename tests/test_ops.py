@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import jaxtyping
 import numpy as np
 import pytest
-from helpers import assert_close, sumcumprod_quadratic, tol
+from helpers import anon_huge_bytes, assert_close, sumcumprod_quadratic, thp_advisable, tol
 from hypothesis import given, settings, strategies as st
 from jax.test_util import check_grads
 
@@ -204,30 +204,7 @@ def test_large_outputs_streamed(dtype, shape):
             np.testing.assert_array_equal(np.asarray(w), np.asarray(p))
 
 
-def _anon_huge_bytes(address: int) -> int | None:
-    """AnonHugePages of the mapping holding `address` (from /proc/self/smaps), None if absent."""
-    found = False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(v, 16) for v in head.split("-"))
-                found = lo <= address < hi
-            elif found and head == "AnonHugePages:":
-                return int(line.split()[1]) * 1024
-    return None
-
-
-def _thp_advisable() -> bool:
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            mode = f.read()
-    except OSError:
-        return False
-    return "[madvise]" in mode or "[always]" in mode
-
-
-@pytest.mark.skipif(not _thp_advisable(), reason="needs Linux transparent huge pages (madvise or always)")
+@pytest.mark.skipif(not thp_advisable(), reason="needs Linux transparent huge pages (madvise or always)")
 def test_fresh_large_output_is_backed_by_huge_pages():
     # The handlers advise huge pages on a large fresh output before writing it, over the
     # pages it lies in (rounded out): XLA's 64 MiB buffer is a mapping that ends on a
@@ -237,7 +214,7 @@ def test_fresh_large_output_is_backed_by_huge_pages():
     x = jnp.full((4096, 4096), 0.5, jnp.float32)
     y = jax.jit(sumcumprod)(x)
     y.block_until_ready()
-    huge = _anon_huge_bytes(y.unsafe_buffer_pointer())
+    huge = anon_huge_bytes(y.unsafe_buffer_pointer())
     if huge is None:
         pytest.skip("the output is not in an anonymous mapping of its own")
     assert huge >= 62 << 20, huge
