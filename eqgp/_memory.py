@@ -1,12 +1,15 @@
-"""An explicit, opt-in allocator setting for large arrays on CPU (glibc only).
+"""Large arrays on CPU and their page faults (glibc, Linux).
 
 By default glibc serves every allocation of 32 MiB or more with a fresh `mmap` and returns it
 to the kernel on `free`, and XLA's worker threads allocate from their own arenas; so each
 large output of a jitted function is new memory whose first touch page-faults (~60 ms per
-64 MiB on the machines we measured, more than `sumcumprod` itself). eqgp asks for huge pages
-on the outputs it writes, which cuts that cost, but only keeping freed memory for reuse
-removes it. That is a process-wide change, so eqgp never makes it silently: call
-`reuse_large_buffers()` once, at the start of the program, before JAX runs anything.
+64 MiB on the machines we measured, more than `sumcumprod` itself). Two remedies:
+
+- by default, eqgp asks for huge pages (one fault per 2 MiB) on the outputs its native
+  handlers write, and computes its large grams into such a buffer (`in_huge_pages`);
+- opt-in, `reuse_large_buffers()` keeps freed memory for reuse, which removes the faults of
+  every large buffer. That is a process-wide change, so eqgp never makes it silently: call it
+  once, at the start of the program, before JAX runs anything.
 """
 
 import ctypes
@@ -64,7 +67,8 @@ def in_huge_pages(x: Array) -> Array:
     2 MiB ones): XLA computes the sum in place into that buffer, so the result costs one
     page fault per 2 MiB instead of one per 4 KiB (a (3 300, 3 300) float64 gram went from
     21 000 faults and 68 ms to 320 faults and 40 ms). Elsewhere (other platforms, small
-    arrays, no native extension) it returns `x`. Exact: adding zeros changes no value."""
+    arrays, no native extension) it returns `x`. Exact: adding zeros changes no value (a
+    `-0.0` becomes `0.0`)."""
     if x.size * x.dtype.itemsize < LARGE_OUTPUT_BYTES or "cpu" not in _native.BUILT_PLATFORMS:
         return x
 
