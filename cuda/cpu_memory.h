@@ -18,13 +18,17 @@
 
 namespace eqgp::cpu {
 
+#if defined(__linux__)
+inline uintptr_t PageSize() { return static_cast<uintptr_t>(sysconf(_SC_PAGESIZE)); }
+#endif
+
 // Whether the pages of [data, data + bytes) are backed by memory already (a buffer
 // XLA reuses) rather than fresh (a new mmap whose first write faults). Sampled at
 // the first, middle and last page: three mincore calls, a few microseconds.
 inline bool PagesResident(const void* data, size_t bytes) {
 #if defined(__linux__)
   if (bytes == 0) return true;
-  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t page = PageSize();
   for (const size_t offset : {size_t{0}, bytes / 2, bytes - 1}) {
     const uintptr_t p = (reinterpret_cast<uintptr_t>(data) + offset) & ~(page - 1);
     unsigned char resident = 0;
@@ -64,7 +68,7 @@ constexpr size_t kAdviseBytes = 2 * kHugePage;
 inline void AdviseHugePages(void* data, size_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   if (bytes < kAdviseBytes) return;
-  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t page = PageSize();
   const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
   const uintptr_t lo = begin & ~(page - 1);
   const uintptr_t hi = (begin + bytes + page - 1) & ~(page - 1);

@@ -116,3 +116,10 @@ def thp_advisable() -> bool:
     except OSError:
         return False
     return "[madvise]" in mode or "[always]" in mode
+
+
+def lowered_custom_calls(fn, *args, platform: str) -> list[str]:
+    """The custom-call targets of `jax.jit(fn)` lowered for `platform` (no device of that kind
+    needed); `args` are arrays or `jax.ShapeDtypeStruct`s."""
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+    return [line.split("custom_call @")[1].split("(")[0] for line in text.splitlines() if "custom_call @" in line]

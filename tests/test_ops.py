@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import jaxtyping
 import numpy as np
 import pytest
-from helpers import anon_huge_bytes, assert_close, sumcumprod_quadratic, thp_advisable, tol
+from helpers import anon_huge_bytes, assert_close, lowered_custom_calls, sumcumprod_quadratic, thp_advisable, tol
 from hypothesis import given, settings, strategies as st
 from jax.test_util import check_grads
 
@@ -448,9 +448,7 @@ def test_four_threads_at_once_give_correct_results():
 
 
 def _cuda_custom_calls(fn, *shapes):
-    args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
-    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    return [line.split("custom_call @")[1].split("(")[0] for line in text.splitlines() if "custom_call @" in line]
+    return lowered_custom_calls(fn, *(jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes), platform="cuda")
 
 
 @pytest.mark.skipif("cuda" not in eqgp._native.BUILT_PLATFORMS, reason="the CUDA module is not built")
