@@ -7,7 +7,7 @@ through the Cholesky in the same process, vs GPyTorch's exact GP with RBFKernelG
 forced Cholesky when importable.
 
 Both JAX paths are timed twice: under a plain `eqx.filter_jit`, and with
-`eqgp.compiler_options()` (what `eqgp.fit` compiles its step with; it turns off XLA:CPU's
+`eqgp.compiler_options()` (opt-in: passed to your own top-level jit or to `eqgp.fit`; it turns off XLA:CPU's
 YNNPACK fusions, whose reductions over the point pairs cost ~1.2x at d = 2 here, nothing at
 d = 10).
 

@@ -6,7 +6,6 @@
 #include <string>
 
 #include "cpu_cholesky_inverse.h"
-#include "cpu_memory.h"
 #include "linrec_common.h"
 #include "xla/ffi/api/c_api.h"
 #include "xla/ffi/api/ffi.h"
@@ -45,7 +44,6 @@ ffi::Error CholeskyInverse(Potri* potri, const ffi::AnyBuffer& L, ffi::AnyBuffer
   const int64_t batch = static_cast<int64_t>(L.element_count()) / (n * n);
   const T* src = L.typed_data<T>();
   T* dst = out.typed_data<T>();
-  eqgp::cpu::AdviseHugePages(dst, out.size_bytes());  // a fresh output: 2 MiB faults, not 4 KiB ones
   std::copy(src, src + batch * n * n, dst);
   for (int64_t b = 0; b < batch; ++b) {
     T* A = dst + b * n * n;

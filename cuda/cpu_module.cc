@@ -13,7 +13,6 @@ namespace py = pybind11;
 XLA_FFI_DECLARE_HANDLER_SYMBOL(EqgpLinearRecurrenceCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(EqgpSumcumprodJvpCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(EqgpCholeskyInverseCpu);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(EqgpZerosCpu);
 
 template <typename T>
 py::capsule EncapsulateFfiHandler(T* fn) {
@@ -29,7 +28,6 @@ PYBIND11_MODULE(_native_cpu, m) {
     d["eqgp_linear_recurrence"] = EncapsulateFfiHandler(EqgpLinearRecurrenceCpu);
     d["eqgp_sumcumprod_jvp"] = EncapsulateFfiHandler(EqgpSumcumprodJvpCpu);
     d["eqgp_cholesky_inverse"] = EncapsulateFfiHandler(EqgpCholeskyInverseCpu);
-    d["eqgp_zeros"] = EncapsulateFfiHandler(EqgpZerosCpu);
     return d;
   });
   // spotri and dpotri as the PyCapsules of scipy.linalg.cython_lapack.__pyx_capi__.

@@ -13,7 +13,7 @@
 #include <immintrin.h>
 #endif
 
-#include "cpu_memory.h"
+#include "cpu_scratch.h"
 #include "recurrence_op.h"
 
 namespace eqgp::cpu {
@@ -75,7 +75,6 @@ struct Avx2<float> {
   static constexpr int W = 8;
   EQGP_AVX2 static V Load(const float* p) { return _mm256_loadu_ps(p); }
   EQGP_AVX2 static void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
-  EQGP_AVX2 static void Stream(float* p, V v) { _mm256_stream_ps(p, v); }  // p 32-byte aligned
   EQGP_AVX2 static V LoadState(const float* p) { return _mm256_load_ps(p); }
   EQGP_AVX2 static void StoreState(float* p, V v) { _mm256_store_ps(p, v); }
   EQGP_AVX2 static V One() { return _mm256_set1_ps(1.0f); }
@@ -108,7 +107,6 @@ struct Avx2<double> {
   static constexpr int W = 4;
   EQGP_AVX2 static V Load(const double* p) { return _mm256_loadu_pd(p); }
   EQGP_AVX2 static void Store(double* p, V v) { _mm256_storeu_pd(p, v); }
-  EQGP_AVX2 static void Stream(double* p, V v) { _mm256_stream_pd(p, v); }  // p 32-byte aligned
   EQGP_AVX2 static V LoadState(const double* p) { return _mm256_load_pd(p); }
   EQGP_AVX2 static void StoreState(double* p, V v) { _mm256_store_pd(p, v); }
   EQGP_AVX2 static V One() { return _mm256_set1_pd(1.0); }
@@ -127,8 +125,7 @@ struct Avx2<double> {
 
 // Positions [base, base + W) of rows row0 .. row0 + W - 1; `acc` holds the W states.
 // SameAB: a and b are one array (sumcumprod's forward), loaded and transposed once.
-// Stream: the outputs are stored non-temporally (every row's address is aligned).
-template <typename T, bool Reverse, bool SameAB, bool Stream, bool AShift, bool BScale, bool PostScale>
+template <typename T, bool Reverse, bool SameAB, bool AShift, bool BScale, bool PostScale>
 EQGP_AVX2 inline void SimdBlock(const RecurrenceOp<T, AShift, BScale, PostScale>& op, int64_t row0, int64_t base,
                                 typename Avx2<T>::V& acc) {
   static_assert(!SameAB || (!AShift && !BScale), "a and b are only shared unshifted and unscaled");
@@ -159,21 +156,17 @@ EQGP_AVX2 inline void SimdBlock(const RecurrenceOp<T, AShift, BScale, PostScale>
     const int64_t e = (row0 + q) * n + base;
     typename S::V v = vb[q];
     if constexpr (PostScale) v = S::Mul(v, S::Add(one, S::Load(op.z + e + 1)));
-    if constexpr (Stream) {
-      S::Stream(op.out + e, v);
-    } else {
-      S::Store(op.out + e, v);
-    }
+    S::Store(op.out + e, v);
   }
 }
 
-template <typename T, bool Reverse, bool SameAB, bool Stream, bool AShift, bool BScale, bool PostScale>
+template <typename T, bool Reverse, bool SameAB, bool AShift, bool BScale, bool PostScale>
 EQGP_AVX2 inline void SimdBlocks(const RecurrenceOp<T, AShift, BScale, PostScale>& op, int64_t row0, int64_t b0,
                                  int64_t blocks, typename Avx2<T>::V& acc) {
   constexpr int W = Avx2<T>::W;
   for (int64_t k = 0; k < blocks; ++k) {
     const int64_t base = Reverse ? b0 + W * (blocks - 1 - k) : b0 + W * k;
-    SimdBlock<T, Reverse, SameAB, Stream>(op, row0, base, acc);
+    SimdBlock<T, Reverse, SameAB>(op, row0, base, acc);
   }
 }
 
@@ -190,24 +183,13 @@ EQGP_AVX2 void SimdRows(const RecurrenceOp<T, AShift, BScale, PostScale>& op, in
   const int64_t first0 = Reverse ? b1 : 0, first1 = Reverse ? n : b0;
   ScalarSpan<T, W, Reverse, true>(op, row0, acc, first0, first1);
   typename S::V vacc = S::LoadState(acc);
-  bool stream = op.stream;
-  for (int q = 0; q < W && stream; ++q) stream = reinterpret_cast<uintptr_t>(op.out + (row0 + q) * n + b0) % 32 == 0;
   bool same_ab = false;
   if constexpr (!AShift && !BScale) same_ab = op.a == op.b;
   if (same_ab) {
-    if constexpr (!AShift && !BScale) {
-      if (stream) {
-        SimdBlocks<T, Reverse, true, true>(op, row0, b0, blocks, vacc);
-      } else {
-        SimdBlocks<T, Reverse, true, false>(op, row0, b0, blocks, vacc);
-      }
-    }
-  } else if (stream) {
-    SimdBlocks<T, Reverse, false, true>(op, row0, b0, blocks, vacc);
+    if constexpr (!AShift && !BScale) SimdBlocks<T, Reverse, true>(op, row0, b0, blocks, vacc);
   } else {
-    SimdBlocks<T, Reverse, false, false>(op, row0, b0, blocks, vacc);
+    SimdBlocks<T, Reverse, false>(op, row0, b0, blocks, vacc);
   }
-  if (stream) _mm_sfence();  // non-temporal stores are weakly ordered: publish them
   S::StoreState(acc, vacc);
   const int64_t last0 = Reverse ? 0 : b1, last1 = Reverse ? b0 : n;
   ScalarSpan<T, W, Reverse, true>(op, row0, acc, last0, last1);
@@ -233,7 +215,7 @@ EQGP_AVX2 void SegmentedRow(const PlainOp<T>& op, int64_t row) {
   const int64_t n = op.n, len = n / W;
   const T* a = op.a + row * n;
   T* out = op.out + row * n;
-  Scratch<T, 1> scratch(static_cast<size_t>(2 * n));  // Tag 1: callers may hold Tag 0
+  Scratch<T> scratch(static_cast<size_t>(2 * n));
   T* first = scratch.data();  // b = a at each piece's first scan position
   T* q = first + n;
   std::fill(first, first + n, T(0));

@@ -29,9 +29,6 @@ struct RecurrenceOp {
   const T* __restrict__ z;  // only read with BScale or PostScale
   T* __restrict__ out;
   int64_t n;
-  // CPU: write `out` with non-temporal stores where the SIMD path can (outputs too
-  // large to stay in cache are then not read in before being overwritten).
-  bool stream = false;
 
   EQGP_HD T A(int64_t e, int64_t p) const {
     if constexpr (AShift) {

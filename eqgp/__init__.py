@@ -32,7 +32,9 @@ from ._likelihood import log_marginal_likelihood as log_marginal_likelihood
 from ._observations import ObservationGroup as ObservationGroup, Observations as Observations
 from ._prior import ConstantMean as ConstantMean, ZeroMean as ZeroMean
 from ._solvers import (
+    AbstractPullbackSolver as AbstractPullbackSolver,
     AbstractSolver as AbstractSolver,
+    AbstractSolverState as AbstractSolverState,
     Cholesky as Cholesky,
     ConjugateGradient as ConjugateGradient,
     StructuredGradients as StructuredGradients,

@@ -1,11 +1,11 @@
-"""The observation covariance as a linear operator: `K(kernel, groups) + diag(noise)`.
+"""The observation covariance as a linear map: `K(kernel, groups) + diag(noise)`.
 
-Dense solvers ask for `as_matrix()`; matrix-free ones only ever call `mv` (a tiled product
-that never forms the matrix), `diagonal` and `column`. The likelihood's backward pass hands
-its cotangent to `pullback` as a sum of rank-1 pieces, so no solver needs a dense cotangent.
+("Operator" in eqgp means an observation functional such as `eqgp.Gradient()`; the
+covariance is called a linear map.) Dense solvers ask for `as_matrix()`; matrix-free ones
+only ever call `mv` (a tiled product that never forms the matrix), `kernel_diagonal` and
+`kernel_column`, passing their own tiling settings. The likelihood's backward pass hands its
+cotangent to `pullback`, densely or as a sum of rank-1 pieces.
 """
-
-import dataclasses
 
 import equinox as eqx
 import jax
@@ -14,11 +14,14 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from jaxtyping import Array, Float
 
-from ._gram import _symmetric_pullback, check_smoothness, operator_diag, operator_gram
+from ._gram import _block, _operator_diag, _operator_gram, check_smoothness
 from ._kernels import AbstractKernel, scalar_call
 from ._operators import AbstractOperator
 
 Groups = tuple[tuple[AbstractOperator, Float[Array, "_ _"]], ...]
+
+#: Default memory budget of one tile of a matrix-free product (bytes).
+TILE_BYTES = 2**28
 
 # Bytes of intermediate values one row point of a tile keeps per column point, input
 # dimension and right-hand side (primal, tangent and the reverse pass's residuals).
@@ -124,26 +127,25 @@ def _product(kernel, rows: Groups, cols: Groups, V: Array, tile_bytes: int, shar
 
 
 class Covariance(eqx.Module):
-    """The covariance of groups of linear observations plus their noise, as a linear operator.
+    """The covariance of groups of linear observations plus their noise, as a linear map.
 
     `K = operator_gram(kernel, groups, groups) + diag(noise)`, of size `R x R` with
     `R = sum_g P_g N_g` in the component-major order of `eqgp.operator_gram`. Built by
-    `GaussianProcess`; solvers use it through `mv`, `diagonal`, `column` and `as_matrix`.
+    `GaussianProcess`; solvers use it through `as_matrix` (dense) or `mv`,
+    `kernel_diagonal` and `kernel_column` (matrix-free, with the solver's own tiling:
+    `tile_bytes`, the memory budget of one tile, and `shard`, the tiles split over
+    `jax.devices()` with `jax.sharding`).
 
     **Fields:**
 
     - `kernel`: the kernel.
     - `groups`: `(operator, X)` pairs.
     - `noise`: the diagonal noise, shape `(R,)`.
-    - `tile_bytes`: memory budget of one tile of the matrix-free product.
-    - `shard`: split the product's row tiles over `jax.devices()` (`jax.sharding`).
     """
 
     kernel: AbstractKernel
     groups: Groups
     noise: Float[Array, " R"]
-    tile_bytes: int = eqx.field(static=True, default=2**28)
-    shard: bool = eqx.field(static=True, default=False)
 
     @property
     def size(self) -> int:
@@ -153,38 +155,56 @@ class Covariance(eqx.Module):
     def dtype(self):
         return self.noise.dtype
 
-    def with_tile_bytes(self, tile_bytes: int) -> "Covariance":
-        """The same operator with another tile budget (e.g. divided by a batch size under `vmap`)."""
-        return dataclasses.replace(self, tile_bytes=max(1, int(tile_bytes)))
-
     def as_matrix(self) -> Float[Array, "R R"]:
         """The dense `R x R` matrix (the dense path: memory `R^2`)."""
-        K = operator_gram(self.kernel, list(self.groups), list(self.groups))
+        K = _operator_gram(self.kernel, self.groups, self.groups)
         return K + jnp.diag(self.noise)
 
-    def mv(self, V: Float[Array, "R ..."]) -> Float[Array, "R ..."]:
+    def trailing_rows(self, start: int) -> Float[Array, "R2 R"]:
+        """The dense rows from row `start` on (a group boundary) against all columns, noise
+        included: the new rows when observations are appended."""
+        offsets = np.cumsum([0, *_sizes(self.groups)])
+        if start not in offsets:
+            raise ValueError(f"row {start} is not the first row of an observation group (offsets {offsets}).")
+        g = int(np.searchsorted(offsets, start))
+        rows = _operator_gram(self.kernel, self.groups[g:], self.groups)
+        R2 = rows.shape[0]
+        return rows.at[:, start:].add(jnp.diag(self.noise[start:])) if R2 else rows
+
+    def mv(
+        self, V: Float[Array, "R ..."], *, tile_bytes: int = TILE_BYTES, shard: bool = False
+    ) -> Float[Array, "R ..."]:
         """`K @ V` without forming `K`: peak memory about `tile_bytes` plus `O(R k)`."""
         vec = V.ndim == 1
         V2 = V[:, None] if vec else V
-        out = _product(self.kernel, self.groups, self.groups, V2, self.tile_bytes, self.shard)
+        out = _product(self.kernel, self.groups, self.groups, V2, tile_bytes, shard)
         out = out + self.noise[:, None] * V2
         return out[:, 0] if vec else out
 
-    def cross_mv(self, operator: AbstractOperator, X: Float[Array, "N D"], v: Float[Array, " R"]) -> Array:
+    def cross_mv(
+        self,
+        operator: AbstractOperator,
+        X: Float[Array, "N D"],
+        v: Float[Array, " R"],
+        *,
+        tile_bytes: int = TILE_BYTES,
+        shard: bool = False,
+    ) -> Array:
         """`operator_gram(kernel, (operator, X), groups) @ v`, tiled like `mv`: shape `(P N,)`
         (the posterior mean at new points without forming the cross-covariance)."""
-        return _product(self.kernel, ((operator, X),), self.groups, v[:, None], self.tile_bytes, self.shard)[:, 0]
-
-    def diagonal(self) -> Float[Array, " R"]:
-        """The diagonal of `K` (noise included)."""
-        d = [operator_diag(self.kernel, op, X) for op, X in self.groups]
-        return jnp.concatenate(d) + self.noise
+        return _product(self.kernel, ((operator, X),), self.groups, v[:, None], tile_bytes, shard)[:, 0]
 
     def kernel_diagonal(self) -> Float[Array, " R"]:
         """The diagonal of the noise-free part `operator_gram(kernel, groups, groups)`."""
-        return self.diagonal() - self.noise
+        if not self.groups:
+            return jnp.zeros((0,), self.dtype)
+        return jnp.concatenate([_operator_diag(self.kernel, op, X) for op, X in self.groups])
 
-    def kernel_column(self, index: Array) -> Float[Array, " R"]:
+    def diagonal(self) -> Float[Array, " R"]:
+        """The diagonal of `K` (noise included)."""
+        return self.kernel_diagonal() + self.noise
+
+    def kernel_column(self, index: Array, *, tile_bytes: int = TILE_BYTES, shard: bool = False) -> Float[Array, " R"]:
         """Column `index` (a traced integer) of the noise-free part, from the covariance of one
         observation with all others: `O(R)` pair evaluations."""
         sizes = _sizes(self.groups)
@@ -200,7 +220,7 @@ class Covariance(eqx.Module):
                 p, j = local // M, local % M
                 x = jax.lax.dynamic_slice_in_dim(X, j, 1)
                 v = jax.nn.one_hot(p, P, dtype=self.dtype)[:, None]
-                return _product(self.kernel, self.groups, ((op, x),), v, self.tile_bytes, self.shard)[:, 0]
+                return _product(self.kernel, self.groups, ((op, x),), v, tile_bytes, shard)[:, 0]
 
             branches.append(branch)
         if len(branches) == 1:
@@ -209,10 +229,16 @@ class Covariance(eqx.Module):
         return jax.lax.switch(group, branches, index)
 
     def pullback(
-        self, U: Float[Array, "R k"], V: Float[Array, "R k"] | None = None, d: Float[Array, " R"] | None = None
+        self,
+        U: Float[Array, "R k"],
+        V: Float[Array, "R k"] | None = None,
+        d: Float[Array, " R"] | None = None,
+        *,
+        tile_bytes: int = TILE_BYTES,
+        shard: bool = False,
     ) -> "Covariance":
         """The gradient of `sum_i U[:, i]^T K V[:, i] = <K, U V^T>` with respect to every
-        inexact array in this operator (kernel hyper-parameters, points, noise): the
+        inexact array in this covariance (kernel hyper-parameters, points, noise): the
         likelihood's backward pass, with its cotangent given as rank-1 pieces.
 
         `V=None` means the identity (`k = R`): `U` is then the dense cotangent itself and
@@ -229,8 +255,44 @@ class Covariance(eqx.Module):
         else:
 
             def scalar(c):
-                return jnp.sum(U * c.mv(V))
+                return jnp.sum(U * c.mv(V, tile_bytes=tile_bytes, shard=shard))
 
         if d is None:
             return eqx.filter_grad(scalar)(self)
         return eqx.filter_grad(lambda c: scalar(c) + jnp.sum(d * c.diagonal()))(self)
+
+
+def _pair_indices(N: int, M: int, same: bool):
+    """Rows, columns and weights of the point pairs a symmetric pullback visits: the upper
+    triangle of a diagonal block (off-diagonal pairs count twice), every pair of an
+    off-diagonal block (counted twice for its mirror image)."""
+    if same:
+        i, j = np.triu_indices(N)
+        w = np.where(i == j, 1.0, 2.0)
+    else:
+        i, j = (a.reshape(-1) for a in np.meshgrid(np.arange(N), np.arange(M), indexing="ij"))
+        w = np.full(i.shape, 2.0)
+    return i, j, w
+
+
+def _symmetric_pullback(kernel, groups, W) -> Array:
+    """`<W, K(kernel, groups)>` for a symmetric `W`, visiting each pair of points once.
+
+    K is symmetric, so its pullback needs only the block pairs on and above the diagonal;
+    the pairs form one flat vmap (no layout transposes in the backward pass)."""
+    sizes = _sizes(groups)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    total = jnp.zeros((), W.dtype)
+    for g, (op1, X1) in enumerate(groups):
+        for h in range(g, len(groups)):
+            op2, X2 = groups[h]
+            N, M, D = X1.shape[0], X2.shape[0], X1.shape[1]
+            P1, P2 = op1.size(D), op2.size(D)
+            if N == 0 or M == 0 or P1 == 0 or P2 == 0:
+                continue
+            i, j, w = _pair_indices(N, M, g == h)
+            block = W[offsets[g] : offsets[g + 1], offsets[h] : offsets[h + 1]].reshape(P1, N, P2, M)
+            Wp = block[:, i, :, j]  # (pairs, P1, P2)
+            blocks = eqx.filter_vmap(_block(kernel, op1, op2))(X1[i], X2[j])
+            total = total + jnp.sum(jnp.asarray(w, W.dtype)[:, None, None] * blocks * Wp)
+    return total

@@ -12,8 +12,6 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
-from ._jit import compiler_options
-
 
 class FitError(RuntimeError):
     """`eqgp.fit` stopped early: a non-finite loss or a failed step (e.g. a Cholesky
@@ -34,6 +32,7 @@ def fit(
     steps: int,
     *args,
     progress: bool = True,
+    compiler_options: dict[str, str] | None = None,
 ):
     """Train `model` by minimising `loss(model, *args)` with an optax optimizer.
 
@@ -63,6 +62,8 @@ def fit(
     - `steps`: the number of steps, a non-negative int.
     - `*args`: passed to `loss` after the model (so data need not be closed over).
     - `progress`: show the tqdm bar.
+    - `compiler_options`: XLA options for the compiled step (opt-in, e.g.
+      `eqgp.compiler_options()`); `None` compiles with XLA's defaults.
 
     **Returns:** `(trained_model, losses)`, `losses` of shape `(steps,)`.
 
@@ -72,9 +73,16 @@ def fit(
     """
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
         raise ValueError(f"`steps` must be a non-negative int; got {steps!r}.")
+    if not isinstance(optimizer, optax.GradientTransformation):
+        hint = " (a factory: call it, e.g. `optax.adam(1e-2)`)" if callable(optimizer) else ""
+        raise TypeError(f"`optimizer` must be an optax.GradientTransformation; got {optimizer!r:.80}{hint}.")
+    if compiler_options is not None and not (
+        isinstance(compiler_options, dict) and all(isinstance(k, str) for k in compiler_options)
+    ):
+        raise TypeError(f"`compiler_options` must be None or a dict of XLA options; got {compiler_options!r:.80}.")
     opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
 
-    step = _stepper(loss, optimizer)
+    step = _stepper(loss, optimizer, tuple(sorted((compiler_options or {}).items())))
 
     losses: list[float] = []
     bar = None
@@ -135,8 +143,8 @@ def _step(model, opt_state, args, loss, optimizer):
     return eqx.apply_updates(model, updates), opt_state, value
 
 
-def _jitted_step(loss_ref: Callable, optimizer):
-    @functools.partial(eqx.filter_jit, compiler_options=compiler_options())
+def _jitted_step(loss_ref: Callable, optimizer, options: tuple):
+    @functools.partial(eqx.filter_jit, compiler_options=dict(options) or None)
     def step(model, opt_state, *args):
         return _step(model, opt_state, args, loss_ref(), optimizer)
 
@@ -150,15 +158,15 @@ def _jitted_step(loss_ref: Callable, optimizer):
 _STEPS: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
 
 
-def _stepper(loss: Callable, optimizer):
+def _stepper(loss: Callable, optimizer, options: tuple):
     try:
         per_loss = _STEPS.setdefault(loss, {})
-        hash(optimizer)
+        hash((optimizer, options))
     except TypeError:  # not weakly referenceable, or an unhashable optimizer: compiled per call
-        return _jitted_step(lambda: loss, optimizer)
-    if optimizer not in per_loss:
-        per_loss[optimizer] = _jitted_step(weakref.ref(loss), optimizer)
-    return per_loss[optimizer]
+        return _jitted_step(lambda: loss, optimizer, options)
+    if (optimizer, options) not in per_loss:
+        per_loss[optimizer, options] = _jitted_step(weakref.ref(loss), optimizer, options)
+    return per_loss[optimizer, options]
 
 
 def _cause(e: Exception) -> str:

@@ -8,16 +8,15 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._checks import as_points
-from ._covariance import Covariance
 from ._gram import _operator_diag, _operator_gram
 from ._jit import jit
-from ._kernels import AbstractKernel, _positive
-from ._likelihood import log_marginal_likelihood
+from ._kernels import AbstractKernel
+from ._linalg import cholesky, not_pd
 from ._observations import Observations
 from ._operators import AbstractOperator, Value
-from ._prior import ConstantMean, ZeroMean, group_mean, group_noise, noise_per_group, prior
-from ._solvers import AbstractSolver, Cholesky, ConjugateGradient
-from ._solvers._cholesky import cholesky, not_pd
+from ._parameters import positive
+from ._prior import ConstantMean, ZeroMean, covariance, group_mean, group_noise, noise_per_group, prior
+from ._solvers import AbstractSolver, AbstractSolverState, default_solver
 
 # Default lower bounds of the noise variance per dtype (`GaussianProcess(noise_floor=...)`).
 _NOISE_FLOOR = {jnp.dtype(jnp.float32): 1e-4, jnp.dtype(jnp.float64): 1e-10}
@@ -73,10 +72,18 @@ class GaussianProcess(eqx.Module):
         if isinstance(noise, (list, tuple)):
             if not noise:
                 raise ValueError("`noise` must not be an empty sequence.")
-            self.raw_noise = tuple(_positive(f"noise[{i}]", n, per="operator output") for i, n in enumerate(noise))
+            self.raw_noise = tuple(positive(f"noise[{i}]", n, per="operator output") for i, n in enumerate(noise))
         else:
-            self.raw_noise = (_positive("noise", noise, per="operator output"),)
-        self.solver = Cholesky() if solver is None else solver
+            self.raw_noise = (positive("noise", noise, per="operator output"),)
+        if solver is None:
+            solver = default_solver()
+        elif not isinstance(solver, AbstractSolver):
+            hint = " (the class; call it: `eqgp.Cholesky()`)" if isinstance(solver, type) else ""
+            raise TypeError(
+                f"`solver` must be an eqgp solver instance such as eqgp.Cholesky() or "
+                f"eqgp.ConjugateGradient(); got {solver!r:.80}{hint}."
+            )
+        self.solver = solver
         if noise_floor is not None and not (isinstance(noise_floor, (int, float)) and 0 <= noise_floor < math.inf):
             raise ValueError(f"`noise_floor` must be None or a finite number >= 0; got {noise_floor!r}.")
         self.noise_floor = None if noise_floor is None else float(noise_floor)
@@ -106,22 +113,25 @@ class GaussianProcess(eqx.Module):
             raise TypeError(f"`obs` must be an eqgp.Observations; got {type(obs).__name__}.")
         return noise_per_group(self._noise_in(obs.groups[0].X.dtype), obs)
 
+    def _prior(self, obs: Observations):
+        return prior(self.kernel, self.mean, self._noise_for(obs), obs)
+
     @jit
     def log_marginal_likelihood(self, obs: Observations, key: PRNGKeyArray | None = None) -> Float[Array, ""]:
         """The log marginal likelihood `log p(obs | model)`: exact with `Cholesky`, a
         stochastic estimate with `ConjugateGradient` (whose probes `key` seeds).
 
-        Its gradient never differentiates through the solver: the solver hands the
-        derivative with respect to the covariance, `(alpha alpha^T - K^{-1}) / 2`, to the
-        covariance operator's pullback.
+        Its gradient never differentiates through a factorisation or an iteration: the
+        solver hands the derivative with respect to the covariance, `(alpha alpha^T -
+        K^{-1}) / 2`, to the covariance's pullback.
 
         **Arguments:**
 
         - `obs`: an `eqgp.Observations`.
         - `key`: a `jax.random` key for stochastic solvers; `None` uses a fixed one.
         """
-        cov, r = prior(self.kernel, self.mean, self._noise_for(obs), obs)
-        return log_marginal_likelihood(cov, r, self.solver, key)
+        cov, r = self._prior(obs)
+        return self.solver.log_marginal_likelihood(cov, r, key)
 
     @jit
     def condition(self, obs: Observations, key: PRNGKeyArray | None = None) -> "Posterior":
@@ -129,10 +139,10 @@ class GaussianProcess(eqx.Module):
         of any operator (values, gradients, ...) of the latent function at new points.
 
         **Arguments:** `obs`, an `eqgp.Observations`; `key` as in `log_marginal_likelihood`."""
-        cov, r = prior(self.kernel, self.mean, self._noise_for(obs), obs)
+        cov, r = self._prior(obs)
         state = self.solver.init(cov, key)
         alpha = self.solver.solve(state, r)
-        return Posterior(self, obs, cov, self.solver.for_prediction(state), alpha)
+        return Posterior(self, obs, self.solver.for_prediction(state), alpha)
 
 
 _SAMPLE_TRIES = 6
@@ -153,8 +163,7 @@ class Posterior(eqx.Module):
 
     gp: GaussianProcess
     obs: Observations
-    cov: Covariance
-    state: object
+    state: AbstractSolverState
     alpha: Float[Array | np.ndarray, " R"]
 
     def _points(self, X, operator):
@@ -196,7 +205,8 @@ class Posterior(eqx.Module):
         """Predictive mean of `operator` of the latent function at `X`."""
         X, P = self._points(X, operator)
         m = group_mean(self.gp.mean, operator, X)
-        return _unflatten(m + self.cov.cross_mv(operator, X, self.alpha), X.shape[0], P)
+        cov = covariance(self.gp.kernel, self.gp._noise_for(self.obs), self.obs)
+        return _unflatten(m + cov.cross_mv(operator, X, self.alpha), X.shape[0], P)
 
     @jit
     def variance(
@@ -233,13 +243,12 @@ class Posterior(eqx.Module):
         """The posterior given this one's observations and the new `obs` (appended as further
         groups), reusing the work done for this one.
 
-        - `Cholesky`: the factor is extended instead of recomputed, `O(R^2 R2)` for `R2` new
-          rows on `R` old ones instead of `O((R + R2)^3)`. Equal to
-          `gp.condition(Observations(*old.groups, *obs.groups))` (exactly, to rounding, with
-          the default `jitter=0`; a jitter is applied to the new block's Schur complement only).
-        - `ConjugateGradient`: the new solve is warm-started from this posterior's solution
-          (padded with zeros for the new rows), so it needs fewer CG iterations; the
-          preconditioner is rebuilt (with `key` for the probes, as `condition`).
+        The solver extends its work: `Cholesky` extends the factor instead of recomputing it,
+        `O(R^2 R2)` for `R2` new rows on `R` old ones instead of `O((R + R2)^3)` (equal to
+        `gp.condition(Observations(*old.groups, *obs.groups))` to rounding with the default
+        `jitter=0`; a jitter applies to the new block's Schur complement only);
+        `ConjugateGradient` warm-starts the new solve from this posterior's solution and
+        rebuilds its preconditioner (with `key`); `StructuredGradients` cannot, and says so.
 
         For Bayesian optimisation: condition once, then `update` with each new evaluation.
         Needs one noise shared by all groups (`noise` a scalar, or per-group noise given in
@@ -248,12 +257,6 @@ class Posterior(eqx.Module):
         **Arguments:** `obs`, an `eqgp.Observations` of the same input dimension and dtype;
         `key` as in `condition` (matrix-free solvers only).
         """
-        solver = self.gp.solver
-        if not isinstance(solver, (Cholesky, ConjugateGradient)):
-            raise TypeError(
-                "`Posterior.update` needs the Cholesky or ConjugateGradient solver; this GP uses "
-                f"{type(solver).__name__}."
-            )
         if not isinstance(obs, Observations):
             raise TypeError(f"`obs` must be an eqgp.Observations; got {type(obs).__name__}.")
         if len(self.gp.raw_noise) != 1:
@@ -264,24 +267,13 @@ class Posterior(eqx.Module):
             )
         if obs.dim != self.obs.dim:
             raise ValueError(f"`obs` must have D = {self.obs.dim} like the conditioned observations; got {obs.dim}.")
+        if obs.groups[0].X.dtype != self.alpha.dtype:
+            raise TypeError(f"`obs` must have dtype {self.alpha.dtype} like the conditioned observations.")
         combined = Observations(*self.obs.groups, *obs.groups)
-        cov, r = prior(self.gp.kernel, self.gp.mean, self.gp._noise_for(combined), combined)
-        R1 = self.alpha.shape[0]
-        if isinstance(solver, ConjugateGradient):
-            state = solver.init(cov, key)
-            y0 = jnp.concatenate([self.alpha, jnp.zeros(r.shape[0] - R1, r.dtype)])
-            alpha = solver.solve(state, r, y0=y0)
-            return Posterior(self.gp, combined, cov, solver.for_prediction(state), alpha)
-        new = list(cov.groups[len(self.obs.groups) :])
-        rows = _operator_gram(self.gp.kernel, new, list(cov.groups))  # (R2, R1 + R2)
-        K21 = rows[:, :R1]
-        K22 = rows[:, R1:] + jnp.diag(cov.noise[R1:])
-        L11 = self.state
-        L21 = jax.scipy.linalg.solve_triangular(L11, K21.T, lower=True).T
-        S = K22 - L21 @ L21.T
-        L22 = cholesky(0.5 * (S + S.T), solver.jitter, solver.max_tries)
-        L = jnp.block([[L11, jnp.zeros((R1, L22.shape[0]), L11.dtype)], [L21, L22]])
-        return Posterior(self.gp, combined, cov, L, solver.solve(L, r))
+        cov, r = self.gp._prior(combined)
+        solver = self.gp.solver
+        state, alpha = solver.extend(self.state, self.alpha, cov, r, key)
+        return Posterior(self.gp, combined, solver.for_prediction(state), alpha)
 
     @jit
     def sample(

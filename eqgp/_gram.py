@@ -10,7 +10,6 @@ from jaxtyping import Array, Float
 from ._checks import as_points, check_same_dtype
 from ._jit import jit
 from ._kernels import AbstractKernel, scalar_call
-from ._memory import in_huge_pages
 from ._operators import AbstractOperator, ValueAndGradient
 
 Layout = Literal["blocked", "interleaved"]
@@ -87,7 +86,7 @@ def gram(
     X2 = as_points("X2", X2, X1.shape[1])
     check_same_dtype(X1=X1, X2=X2)
     f = eqx.filter_vmap(eqx.filter_vmap(scalar_call(kernel), in_axes=(None, 0)), in_axes=(0, None))
-    return in_huge_pages(f(X1, X2))
+    return f(X1, X2)
 
 
 @jit
@@ -120,7 +119,7 @@ def gradient_gram(
     X2 = as_points("X2", X2, X1.shape[1])
     check_same_dtype(X1=X1, X2=X2)
     op = ValueAndGradient()
-    return in_huge_pages(_cross(kernel, op, X1, op, X2, layout))
+    return _cross(kernel, op, X1, op, X2, layout)
 
 
 def _as_groups(name: str, obs) -> list[tuple[AbstractOperator, Array]]:
@@ -175,7 +174,7 @@ def operator_gram(kernel: AbstractKernel, obs1, obs2, layout: Layout = "blocked"
 def _operator_gram(kernel, g1, g2, layout: Layout = "blocked") -> Array:
     """`operator_gram` on validated groups (for callers that checked their inputs once)."""
     rows = [jnp.concatenate([_cross(kernel, a, X1, b, X2, layout) for b, X2 in g2], axis=1) for a, X1 in g1]
-    return in_huge_pages(jnp.concatenate(rows, axis=0))
+    return jnp.concatenate(rows, axis=0)
 
 
 @jit
@@ -202,43 +201,7 @@ def _operator_diag(kernel, operator: AbstractOperator, X: Array) -> Array:
     # A point's diagonal comes from its whole (P, P) block (P directional products, each
     # O(D)): P (P + D) intermediates. Points go in batches that keep them within
     # `_DIAG_BATCH_BYTES`, each batch rematerialised in reverse mode, so that the diagonal of
-    # a high-D gradient covariance never holds N D^2 numbers (800 MB at N = 100, D = 1 000).
+    # a high-D gradient covariance never holds N D^2 numbers.
     B = int(max(1, min(N, _DIAG_BATCH_BYTES // (P * (P + D) * 64))))
     diag = jax.checkpoint(lambda x: jnp.diagonal(block(x, x)))
     return jax.lax.map(diag, X, batch_size=B).T.reshape(-1)
-
-
-def _pair_indices(N: int, M: int, same: bool):
-    """Rows, columns and weights of the point pairs a symmetric pullback visits: the upper
-    triangle of a diagonal block (off-diagonal pairs count twice), every pair of an
-    off-diagonal block (counted twice for its mirror image)."""
-    if same:
-        i, j = np.triu_indices(N)
-        w = np.where(i == j, 1.0, 2.0)
-    else:
-        i, j = (a.reshape(-1) for a in np.meshgrid(np.arange(N), np.arange(M), indexing="ij"))
-        w = np.full(i.shape, 2.0)
-    return i, j, w
-
-
-def _symmetric_pullback(kernel, groups, W) -> Array:
-    """`<W, K(kernel, groups)>` for a symmetric `W`, visiting each pair of points once.
-
-    K is symmetric, so its pullback needs only the block pairs on and above the diagonal;
-    the pairs form one flat vmap (no layout transposes in the backward pass)."""
-    sizes = [op.size(X.shape[1]) * X.shape[0] for op, X in groups]
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
-    total = jnp.zeros((), W.dtype)
-    for g, (op1, X1) in enumerate(groups):
-        for h in range(g, len(groups)):
-            op2, X2 = groups[h]
-            N, M, D = X1.shape[0], X2.shape[0], X1.shape[1]
-            P1, P2 = op1.size(D), op2.size(D)
-            if N == 0 or M == 0 or P1 == 0 or P2 == 0:
-                continue
-            i, j, w = _pair_indices(N, M, g == h)
-            block = W[offsets[g] : offsets[g + 1], offsets[h] : offsets[h + 1]].reshape(P1, N, P2, M)
-            Wp = block[:, i, :, j]  # (pairs, P1, P2)
-            blocks = eqx.filter_vmap(_block(kernel, op1, op2))(X1[i], X2[j])
-            total = total + jnp.sum(jnp.asarray(w, W.dtype)[:, None, None] * blocks * Wp)
-    return total

@@ -3,7 +3,7 @@ import dataclasses
 import functools
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import ClassVar
 
 import equinox as eqx
@@ -12,43 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-# A constrained hyper-parameter as given to a constructor: a number, an array or a list.
-Hyper = ArrayLike | Sequence[float]
-
-
-def _inverse_softplus(y):
-    return y + jnp.log(-jnp.expm1(-y))
-
-
-def _positive(name: str, value, *, per: str | None = None) -> Array:
-    """Validate a constrained positive hyper-parameter and return its raw (unconstrained) value.
-
-    `per`: what the entries of a 1-D value stand for ("input dimension" for ARD
-    lengthscales, "operator output" for a noise group); None for a scalar."""
-    if isinstance(value, jax.core.Tracer):
-        v = jnp.asarray(value)
-        v = eqx.error_if(v, ~jnp.all((v > 0) & jnp.isfinite(v)), f"`{name}` must be positive and finite.")
-    else:
-        v = np.asarray(value)
-        if not np.issubdtype(v.dtype, np.number) or np.iscomplexobj(v):
-            raise TypeError(f"`{name}` must be a real number; got {value!r}.")
-        if v.ndim > (0 if per is None else 1):
-            raise ValueError(
-                f"`{name}` must be a scalar{'' if per is None else f' or a 1-D array (one per {per})'}; "
-                f"got shape {v.shape}."
-            )
-        if not np.all(np.isfinite(v)) or np.any(v <= 0):
-            raise ValueError(f"`{name}` must be positive and finite; got {value!r}.")
-        v = jnp.asarray(v, dtype=float)
-    if not jnp.issubdtype(v.dtype, jnp.floating):
-        v = v.astype(float)
-    return _inverse_softplus(v)
-
-
-def _like(param: Array, x: Array) -> Array:
-    # Hyper-parameters follow the inputs' dtype, so float32 data works with
-    # float64-default parameters under strict dtype promotion.
-    return param.astype(x.dtype)
+from ._parameters import Hyper, like, per_dimension, positive
 
 
 class AbstractKernel(eqx.Module):
@@ -166,17 +130,6 @@ class AbstractVarianceKernel(AbstractKernel):
         return jax.nn.softplus(self.raw_variance)
 
 
-def _per_dimension(name: str, param: Array, x1: Array) -> Array:
-    """A scalar or per-dimension hyper-parameter, checked against the points' dimension
-    (known only at the call) and cast to their dtype."""
-    if param.ndim == 1 and param.shape[0] != x1.shape[-1]:
-        raise ValueError(
-            f"the kernel has {param.shape[0]} ARD `{name}` values but the inputs have "
-            f"{x1.shape[-1]} dimensions; give one {name} per input dimension or a scalar."
-        )
-    return _like(param, x1)
-
-
 def _check_pair(x1, x2):
     if x1.ndim != 1 or x2.shape != x1.shape:
         raise ValueError(
@@ -210,8 +163,8 @@ class AbstractStationaryKernel(AbstractLengthscaleKernel):
 
     def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
         _check_pair(x1, x2)
-        d = (x1 - x2) / _per_dimension("lengthscale", self.lengthscale, x1)
-        return _like(self.variance, x1) * self.profile(jnp.dot(d, d))
+        d = (x1 - x2) / per_dimension("lengthscale", self.lengthscale, x1)
+        return like(self.variance, x1) * self.profile(jnp.dot(d, d))
 
 
 class RBF(AbstractStationaryKernel):
@@ -223,8 +176,8 @@ class RBF(AbstractStationaryKernel):
     def __init__(self, lengthscale: Hyper = 1.0, variance: ArrayLike = 1.0):
         """**Arguments:** `lengthscale` (a scalar, or one per input dimension for ARD) and
         `variance`, both positive."""
-        self.raw_lengthscale = _positive("lengthscale", lengthscale, per="input dimension")
-        self.raw_variance = _positive("variance", variance)
+        self.raw_lengthscale = positive("lengthscale", lengthscale, per="input dimension")
+        self.raw_variance = positive("variance", variance)
 
     def profile(self, s):
         return jnp.exp(-0.5 * s)
@@ -273,8 +226,8 @@ class AbstractMatern(AbstractStationaryKernel):
 
     def __init__(self, lengthscale: Hyper = 1.0, variance: ArrayLike = 1.0):
         """**Arguments:** `lengthscale` (scalar or one per dimension) and `variance`, positive."""
-        self.raw_lengthscale = _positive("lengthscale", lengthscale, per="input dimension")
-        self.raw_variance = _positive("variance", variance)
+        self.raw_lengthscale = positive("lengthscale", lengthscale, per="input dimension")
+        self.raw_variance = positive("variance", variance)
 
     @property
     def smoothness(self) -> float:
@@ -319,16 +272,16 @@ class RationalQuadratic(AbstractStationaryKernel):
     def __init__(self, lengthscale: Hyper = 1.0, variance: ArrayLike = 1.0, alpha: ArrayLike = 1.0):
         """**Arguments:** `lengthscale` (scalar or one per dimension), `variance` and the
         scale-mixture parameter `alpha`, all positive."""
-        self.raw_lengthscale = _positive("lengthscale", lengthscale, per="input dimension")
-        self.raw_variance = _positive("variance", variance)
-        self.raw_alpha = _positive("alpha", alpha)
+        self.raw_lengthscale = positive("lengthscale", lengthscale, per="input dimension")
+        self.raw_variance = positive("variance", variance)
+        self.raw_alpha = positive("alpha", alpha)
 
     @property
     def alpha(self) -> Float[Array, ""]:
         return jax.nn.softplus(self.raw_alpha)
 
     def profile(self, s):
-        alpha = _like(self.alpha, s)
+        alpha = like(self.alpha, s)
         return (1.0 + s / (2.0 * alpha)) ** (-alpha)
 
 
@@ -343,9 +296,9 @@ class Periodic(AbstractLengthscaleKernel):
     def __init__(self, lengthscale: Hyper = 1.0, variance: ArrayLike = 1.0, period: Hyper = 1.0):
         """**Arguments:** `lengthscale` and `period` (each a scalar or one per dimension)
         and `variance`, all positive."""
-        self.raw_lengthscale = _positive("lengthscale", lengthscale, per="input dimension")
-        self.raw_variance = _positive("variance", variance)
-        self.raw_period = _positive("period", period, per="input dimension")
+        self.raw_lengthscale = positive("lengthscale", lengthscale, per="input dimension")
+        self.raw_variance = positive("variance", variance)
+        self.raw_period = positive("period", period, per="input dimension")
 
     @property
     def period(self):
@@ -354,9 +307,9 @@ class Periodic(AbstractLengthscaleKernel):
     def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
         _check_pair(x1, x2)
         # sin^2 is even, so no |x1 - x2| (and no kink at coincident points) is needed.
-        t = jnp.sin(jnp.pi * (x1 - x2) / _per_dimension("period", self.period, x1))
-        t = t / _per_dimension("lengthscale", self.lengthscale, x1)
-        return _like(self.variance, x1) * jnp.exp(-2.0 * jnp.dot(t, t))
+        t = jnp.sin(jnp.pi * (x1 - x2) / per_dimension("period", self.period, x1))
+        t = t / per_dimension("lengthscale", self.lengthscale, x1)
+        return like(self.variance, x1) * jnp.exp(-2.0 * jnp.dot(t, t))
 
 
 class _ScaleOnly(AbstractVarianceKernel):
@@ -366,7 +319,7 @@ class _ScaleOnly(AbstractVarianceKernel):
 
     def __init__(self, variance: ArrayLike = 1.0):
         """**Arguments:** `variance`, positive."""
-        self.raw_variance = _positive("variance", variance)
+        self.raw_variance = positive("variance", variance)
 
 
 class Linear(_ScaleOnly):
@@ -374,7 +327,7 @@ class Linear(_ScaleOnly):
 
     def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
         _check_pair(x1, x2)
-        return _like(self.variance, x1) * jnp.dot(x1, x2)
+        return like(self.variance, x1) * jnp.dot(x1, x2)
 
 
 class Polynomial(AbstractVarianceKernel):
@@ -389,8 +342,8 @@ class Polynomial(AbstractVarianceKernel):
         if not isinstance(degree, (int, np.integer)) or isinstance(degree, bool) or degree < 1:
             raise ValueError(f"`degree` must be an integer >= 1; got {degree!r}.")
         self.degree = int(degree)
-        self.raw_variance = _positive("variance", variance)
-        self.raw_offset = _positive("offset", offset)
+        self.raw_variance = positive("variance", variance)
+        self.raw_offset = positive("offset", offset)
 
     @property
     def offset(self):
@@ -398,7 +351,7 @@ class Polynomial(AbstractVarianceKernel):
 
     def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
         _check_pair(x1, x2)
-        base = _like(self.variance, x1) * jnp.dot(x1, x2) + _like(self.offset, x1)
+        base = like(self.variance, x1) * jnp.dot(x1, x2) + like(self.offset, x1)
         return base**self.degree
 
 
@@ -407,7 +360,7 @@ class Constant(_ScaleOnly):
 
     def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
         _check_pair(x1, x2)
-        return _like(self.variance, x1)
+        return like(self.variance, x1)
 
 
 class White(_ScaleOnly):
@@ -417,7 +370,7 @@ class White(_ScaleOnly):
     def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
         _check_pair(x1, x2)
         same = jax.lax.stop_gradient(jnp.all(x1 == x2))
-        return jnp.where(same, _like(self.variance, x1), jnp.zeros((), x1.dtype))
+        return jnp.where(same, like(self.variance, x1), jnp.zeros((), x1.dtype))
 
 
 class _AbstractPair(AbstractKernel):

@@ -1,12 +1,85 @@
-"""`cholesky_inverse(L) = (L L^T)^{-1}`: LAPACK ?potri through the native extension on
-CPU (a third of the flops of two triangular solves with the identity), two triangular
-solves elsewhere. Differentiable to any order (a custom JVP)."""
+"""Dense linear algebra shared by the solvers and the posterior: a Cholesky factorisation
+with retries and its one failure message, and `cholesky_inverse(L) = (L L^T)^{-1}` (LAPACK
+?potri through the native extension on CPU, a third of the flops of two triangular solves
+with the identity; two triangular solves elsewhere; differentiable to any order)."""
 
+import warnings
+
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
+from jaxtyping import Array
 
 from ._native import HAVE_NATIVE_INVERSE
+
+
+def not_pd(what: str, fix: str) -> str:
+    """The one message of a failed Cholesky factorisation, for `what` matrix."""
+    return (
+        f"eqgp: the Cholesky factorisation of {what} failed (the matrix is not numerically "
+        f"positive definite, or holds NaN/inf). {fix} Check for duplicate points observed with "
+        "(near) zero noise, and check the data and hyper-parameters for NaN/inf."
+    )
+
+
+NOT_PD = not_pd(
+    "the observation covariance",
+    "Raise the jitter (`eqgp.Cholesky(jitter=1e-6)`), let it retry with growing jitter "
+    "(`eqgp.Cholesky(max_tries=3)`) or raise the noise (`noise_floor`).",
+)
+
+# First jitter of the retries when none is given (times the scale: the mean of the diagonal).
+_FIRST_JITTER = {jnp.dtype(jnp.float32): 1e-6, jnp.dtype(jnp.float64): 1e-8}
+
+
+def _report(jitter, needed, ok):
+    if needed and ok:
+        warnings.warn(
+            f"eqgp.Cholesky: the covariance needed jitter {float(jitter):.1e} (times the mean of the "
+            "kernel's diagonal) to factorise.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+def cholesky(A: Array, jitter: float, max_tries: int = 0, message: str = NOT_PD, scale=None) -> Array:
+    """The lower Cholesky factor of `A + j * scale * I` with `j = jitter` and `scale` by default
+    `mean(diag A)`; or, with
+    `max_tries > 0` and where that fails, with `j` growing tenfold per try (from `jitter`, or
+    1e-6 / 1e-8 for float32 / float64), as GPyTorch's `psd_safe_cholesky`. The jitter a retry
+    needed is reported by a warning (also under `jit`). Failure: an `eqx.error_if` error."""
+    n = A.shape[0]
+    if n == 0:
+        return A
+    scale = jnp.mean(jnp.diagonal(A)) if scale is None else jnp.asarray(scale, A.dtype)
+    eye = jnp.eye(n, dtype=A.dtype)
+
+    def factor(j):
+        return jnp.linalg.cholesky(A + (j * scale) * eye) if jitter or max_tries else jnp.linalg.cholesky(A)
+
+    def failed(L):
+        return ~jnp.all(jnp.isfinite(L))
+
+    L = factor(jnp.asarray(jitter, A.dtype))
+    if max_tries:
+        first = jitter if jitter else _FIRST_JITTER.get(jnp.dtype(A.dtype), 1e-6)
+        A0 = jax.lax.stop_gradient(A)
+
+        def cond(c):
+            return failed(c[0]) & (c[2] < max_tries)
+
+        def body(c):
+            _, j, t = c
+            j = jnp.where(t == 0, jnp.asarray(first, A.dtype), 10 * j) if jitter == 0 else 10 * j
+            return jnp.linalg.cholesky(A0 + (j * jax.lax.stop_gradient(scale)) * eye), j, t + 1
+
+        # The search runs without derivatives (a while loop has no reverse mode); the factor
+        # it found is then recomputed differentiably with the jitter it needed.
+        _, used, tries = jax.lax.while_loop(cond, body, (jax.lax.stop_gradient(L), jnp.asarray(jitter, A.dtype), 0))
+        L = jax.lax.cond(tries == 0, lambda: L, lambda: factor(used))
+        jax.debug.callback(_report, used, tries > 0, ~failed(L))
+    return eqx.error_if(L, failed(L), message)
 
 
 def _generic(L):

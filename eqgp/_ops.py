@@ -95,10 +95,9 @@ def _fallback(a, b, *, reverse):
 mlir.register_lowering(linear_recurrence_p, mlir.lower_fun(_fallback, multiple_results=False))
 
 # The CUDA kernels give each row one thread block (or one warp): a few very long rows leave
-# most of the GPU idle. Measured on an H200 (benchmarks/gpu_check.sh): (16, 2^22) float32
-# took 37x a device copy natively and 5x less as XLA's associative scan, while with
-# thousands of rows the native kernel is 1.4-1.7x faster than the scan. So on CUDA, arrays of
-# fewer than `_CUDA_FEW_ROWS` rows that are at least `_CUDA_LONG_ROW` long lower to the scan.
+# most of the GPU idle, where XLA's associative scan is several times faster (numbers in
+# docs/performance.md); with many rows the native kernel wins. So on CUDA, arrays of fewer
+# than `_CUDA_FEW_ROWS` rows that are at least `_CUDA_LONG_ROW` long lower to the scan.
 _CUDA_FEW_ROWS = 64
 _CUDA_LONG_ROW = 1 << 18
 
@@ -230,11 +229,9 @@ def linear_recurrence(
 # tangent t to J t = linear_recurrence(x, t * (1 + shift(z)), reverse=True), and the
 # transpose is J^T t = (1 + shift(z)) * linear_recurrence(shift(x), t, reverse=False).
 # Built from the generic rules each of these costs a recurrence plus two or three
-# elementwise passes over the array; `sumcumprod_jvp_p(x, t)` does each as one native
-# call that recomputes z a few rows at a time in a cache-resident scratch buffer
-# instead of reading it back from memory. So the Jacobian products need only x, never
-# sumcumprod's output: each reads x and t once and writes once, and where the forward
-# output is unused (`grad` of a sum) XLA drops the forward call altogether.
+# elementwise passes over the array; `sumcumprod_jvp_p(x, t)` lowers to the recurrence
+# for z and one fused native call `eqgp_sumcumprod_jvp(x, t, z)` (the same operands on
+# CPU and CUDA). In reverse mode z is the forward's output, which XLA computes once.
 
 sumcumprod_jvp_p = Primitive("eqgp_sumcumprod_jvp")
 
@@ -265,18 +262,18 @@ mlir.register_lowering(
 )  # the fallback: its recurrence warns once where no native handler exists
 
 
-def _scp_jvp_cuda(x, t, *, transpose):
-    # The CUDA handler reads z = sumcumprod(x) from an operand that XLA allocates (the CPU
-    # one recomputes z in cache): the native recurrence first, then the fused product.
+def _scp_jvp_native(x, t, *, transpose):
+    # z = sumcumprod(x) goes in as an operand that XLA allocates (XLA:GPU refused FFI
+    # scratch memory): the native recurrence first, then the fused product.
     z = linear_recurrence_p.bind(x, x, reverse=True)
     call = jax.ffi.ffi_call("eqgp_sumcumprod_jvp", jax.ShapeDtypeStruct(t.shape, t.dtype))
     return call(x, t, z, transpose=bool(transpose))
 
 
 for _platform in BUILT_PLATFORMS:
-    rule = _native_lowering("eqgp_sumcumprod_jvp")
+    rule = mlir.lower_fun(_scp_jvp_native, multiple_results=False)
     if _platform == "cuda":
-        rule = _cuda_lowering(mlir.lower_fun(_scp_jvp_cuda, multiple_results=False), _scp_jvp_reference)
+        rule = _cuda_lowering(rule, _scp_jvp_reference)
     mlir.register_lowering(sumcumprod_jvp_p, rule, platform=_platform)
 
 
@@ -316,7 +313,6 @@ def _sumcumprod(x):
 @_sumcumprod.defjvp
 def _sumcumprod_jvp(primals, tangents):
     (x,), (dx,) = primals, tangents
-    # The tangent does not use the primal output, so reverse mode keeps only x.
     return _sumcumprod(x), sumcumprod_jvp_p.bind(x, dx, transpose=False)
 
 
@@ -345,9 +341,9 @@ def sumcumprod(
     Equal to `linear_recurrence(x, x, reverse=reverse)` along `axis`. Runs the native
     kernels (one custom call, also under `vmap`), and is closed under `jit`, `vmap` and
     every order of forward and reverse differentiation. In the reverse form a
-    Jacobian-vector or vector-Jacobian product is one further native call that needs only
-    `x` (`grad` of `sum(sumcumprod(x))` compiles to that one call: XLA drops the unused
-    forward); the forward form differentiates through the recurrence's own rules.
+    Jacobian-vector or vector-Jacobian product is one further fused native call on `x`,
+    the cotangent and the forward's output; the forward form differentiates through the
+    recurrence's own rules.
     `sumcumprod(jnp.ones(10))` is `[10, 9, ..., 1]`. An `axis` other than the last costs
     two transposes.
 
@@ -382,10 +378,3 @@ def sumcumprod_reference(
         return sumcumprod_reference(x.astype(jnp.float32), axis, reverse).astype(x.dtype)
     return _along(lambda v: linear_recurrence_reference(v, v, reverse=bool(reverse)), x, _axis(x, axis))
 
-
-def __getattr__(name: str):
-    # `NATIVE_PLATFORMS` is computed on first access: it needs a backend, which importing
-    # eqgp must not start.
-    if name == "NATIVE_PLATFORMS":
-        return native_platforms()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -70,36 +70,46 @@ def noise_per_group(noise: tuple[Array, ...], obs: Observations) -> tuple[Array,
     return noise
 
 
-def prior(kernel, mean: Callable, noise: tuple[Array, ...], obs: Observations) -> tuple[Covariance, Array]:
-    """The covariance operator of `obs` and the residual `y - m` (checked for NaN/inf under `jit`)."""
-    if not isinstance(obs, Observations):
-        raise TypeError(f"`obs` must be an eqgp.Observations; got {type(obs).__name__}.")
-    noise = noise_per_group(noise, obs)
+def covariance(kernel, noise: tuple[Array, ...], obs: Observations) -> Covariance:
+    """The covariance of `obs` (kernel + noise), `noise` one entry per group (from
+    `noise_per_group`); no value checks (see `prior`)."""
     diag = jnp.concatenate([group_noise(n, g) for g, n in zip(obs.groups, noise)])
+    return Covariance(kernel, tuple((g.operator, g.X) for g in obs.groups), diag)
+
+
+def prior(kernel, mean: Callable, noise: tuple[Array, ...], obs: Observations) -> tuple[Covariance, Array]:
+    """The covariance of `obs` and the residual `y - m`, checked for NaN/inf under `jit`.
+    `noise` is one entry per group (from `noise_per_group`)."""
+    cov = covariance(kernel, noise, obs)
     m = jnp.concatenate([group_mean(mean, g.operator, g.X) for g in obs.groups])
     y = obs.flat_targets()
     # Value problems are only visible at run time (under jit too): check where they enter.
     # The checks are chained on (y, diag) and the covariance is built from the checked diag,
     # so everything downstream (the Cholesky and its own check) waits for them: the first
     # problem is the one reported, on GPU as on CPU.
-    checked = (y, diag)
+    checked = (y, cov.noise)
     checked = eqx.error_if(checked, ~jnp.all(jnp.isfinite(y)), "eqgp: the observation targets hold NaN or inf.")
     checked = eqx.error_if(
         checked,
         ~jnp.all(jnp.stack([jnp.all(jnp.isfinite(g.X)) for g in obs.groups])),
         "eqgp: the observation points `X` hold NaN or inf.",
     )
-    checked = eqx.error_if(
-        checked, ~_all_finite(kernel), "eqgp: a kernel hyper-parameter is NaN or inf (diverged training?)."
-    )
-    checked = eqx.error_if(checked, ~_all_finite(mean), "eqgp: a mean-function parameter is NaN or inf.")
+    for name, leaf in _inexact_leaves(kernel):
+        message = f"eqgp: kernel hyper-parameter `{name}` is NaN or inf (diverged training?)."
+        checked = eqx.error_if(checked, ~jnp.all(jnp.isfinite(leaf)), message)
+    for name, leaf in _inexact_leaves(mean):
+        message = f"eqgp: mean-function parameter `{name}` is NaN or inf."
+        checked = eqx.error_if(checked, ~jnp.all(jnp.isfinite(leaf)), message)
     y, diag = eqx.error_if(
-        checked, ~jnp.all(jnp.isfinite(diag)) | jnp.any(diag < 0), "eqgp: the noise variance is NaN, inf or negative."
+        checked,
+        ~jnp.all(jnp.isfinite(cov.noise)) | jnp.any(cov.noise < 0),
+        "eqgp: the noise variance is NaN, inf or negative.",
     )
-    cov = Covariance(kernel, tuple((g.operator, g.X) for g in obs.groups), diag)
-    return cov, y - m
+    return eqx.tree_at(lambda c: c.noise, cov, diag), y - m
 
 
-def _all_finite(tree) -> Array:
-    leaves = jax.tree.leaves(eqx.filter(tree, eqx.is_inexact_array))
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])) if leaves else jnp.asarray(True)
+def _inexact_leaves(tree) -> list[tuple[str, Array]]:
+    """The inexact-array leaves of `tree` with readable paths, e.g. `kernel.raw_lengthscale`
+    as `k1.raw_lengthscale`."""
+    leaves = jax.tree_util.tree_flatten_with_path(eqx.filter(tree, eqx.is_inexact_array))[0]
+    return [(jax.tree_util.keystr(path).lstrip("."), leaf) for path, leaf in leaves]

@@ -1,6 +1,5 @@
 """Native operations (XLA FFI, C++ and CUDA) and their pure-JAX references."""
 
-from ._memory import reuse_large_buffers as reuse_large_buffers
 from ._native import native_platforms as native_platforms
 from ._ops import (
     linear_recurrence as linear_recurrence,

@@ -1,14 +1,7 @@
 import os
 
-# The suite is compile-bound (hundreds of small XLA programs, a few large ones): LLVM's
-# backend optimisation is switched off for the tests (~30 % less compile time; the same HLO
-# runs, as less optimised machine code). Set before jax starts its backend; an explicit
-# level in the caller's XLA_FLAGS wins. Benchmarks and examples run with XLA's defaults.
-if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
-
-import jax  # noqa: E402
-import pytest  # noqa: E402
+import jax
+import pytest
 
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -18,6 +11,20 @@ if jax.default_backend() == "gpu":
     # must be exact. eqgp's products are full precision by themselves, which test_jit checks
     # on CPU (there this setting would make that check vacuous).
     jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def pytest_sessionstart(session):
+    # The build is checked once, before any test: without the native extension every op test
+    # would fail on its own, far from the cause.
+    from eqgp import _native
+
+    missing = []
+    if "cpu" not in _native.BUILT_PLATFORMS:
+        missing.append("the CPU module `eqgp._native_cpu` (reinstall: `pip install .`)")
+    elif not _native.HAVE_NATIVE_INVERSE:
+        missing.append("LAPACK ?potri from scipy (`pip install scipy`)")
+    if missing:
+        pytest.exit(f"eqgp is not fully built: missing {'; '.join(missing)}.", returncode=3)
 
 
 @pytest.fixture

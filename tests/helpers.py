@@ -95,29 +95,6 @@ def points(n, dtype=jnp.float64, seed=0):
     return jax.random.uniform(jax.random.key(seed), (n, D), dtype, -1.5, 1.5)
 
 
-def anon_huge_bytes(address: int) -> int | None:
-    """AnonHugePages of the mapping holding `address` (from /proc/self/smaps), None if absent."""
-    found = False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(v, 16) for v in head.split("-"))
-                found = lo <= address < hi
-            elif found and head == "AnonHugePages:":
-                return int(line.split()[1]) * 1024
-    return None
-
-
-def thp_advisable() -> bool:
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            mode = f.read()
-    except OSError:
-        return False
-    return "[madvise]" in mode or "[always]" in mode
-
-
 def lowered_custom_calls(fn, *args, platform: str) -> list[str]:
     """The custom-call targets of `jax.jit(fn)` lowered for `platform` (no device of that kind
     needed); `args` are arrays or `jax.ShapeDtypeStruct`s."""

@@ -28,7 +28,7 @@ def test_bayesian_optimisation_study_small_setting():
     assert set(per) == set(bo.METHODS)
     for r in per.values():
         assert r.shape == (2, 10)
-        assert np.all(r >= 0) and np.all(np.diff(r, axis=1) <= 0)  # best-so-far regret
+        assert np.all(r >= 0)  # regret against the polished minimum
     # Every method starts from the same design of D + 1 = 3 points per seed.
     np.testing.assert_array_equal(per["gradient BO"][:, :3], per["random"][:, :3])
     np.testing.assert_array_equal(per["value BO"][:, :3], per["random"][:, :3])

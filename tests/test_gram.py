@@ -188,3 +188,15 @@ def test_reverse_mode_through_a_gradient_block_keeps_no_per_pair_d_by_d_array():
     loss = jax.grad(lambda k: jnp.sum(eqgp.operator_gram(k, [(eqgp.Gradient(), X)], [(eqgp.Value(), X)]) ** 2))
     compiled = jax.jit(loss).lower(kernels.RBF(3.0)).compile()
     assert compiled.memory_analysis().temp_size_in_bytes < 100e6
+
+
+def test_a_large_gram_exports_with_default_checks_and_holds_no_custom_call():
+    # eqgp's grams are plain XLA: `jax.export` needs no disabled safety check and no eqgp
+    # library where the program is loaded. A (3 300, 3 300) float64 gradient gram: 87 MB.
+    k = kernels.RBF(jnp.linspace(0.5, 1.5, 10))
+    X = jax.random.uniform(jax.random.key(0), (300, 10), jnp.float64)
+    exported = jax.export.export(jax.jit(lambda X: eqgp.gradient_gram(k, X, X)))(X)
+    assert exported.out_avals[0].shape == (3300, 3300)
+    assert "custom_call" not in exported.mlir_module()
+    restored = jax.export.deserialize(exported.serialize())
+    assert_close(restored.call(X), eqgp.gradient_gram(k, X, X), rtol=1e-14)

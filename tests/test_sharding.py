@@ -27,13 +27,13 @@ SCRIPT = textwrap.dedent(
     V = jax.random.normal(jax.random.key(1), (obs.size, 3), jnp.float64)
     U = jax.random.normal(jax.random.key(2), (obs.size, 3), jnp.float64)
     for shard in (True, False):
-        cov = eqgp.Covariance(kernels.RBF([0.8, 1.2]), groups, jnp.full(obs.size, 1e-2), tile_bytes=2**14, shard=shard)
-        out = eqx.filter_jit(lambda c, V: c.mv(V))(cov, V)
+        cov = eqgp.Covariance(kernels.RBF([0.8, 1.2]), groups, jnp.full(obs.size, 1e-2))
+        out = eqx.filter_jit(lambda c, V: c.mv(V, tile_bytes=2**14, shard=shard))(cov, V)
         if shard:
             assert len(out.sharding.device_set) == 4, out.sharding  # the product ran on every device
             ref = cov.as_matrix() @ V
             assert float(jnp.max(jnp.abs(out - ref)) / jnp.max(jnp.abs(ref))) < 1e-12
-        g = eqx.filter_jit(lambda c: c.pullback(U, V))(cov)
+        g = eqx.filter_jit(lambda c: c.pullback(U, V, tile_bytes=2**14, shard=shard))(cov)
         # Through the GP: the matrix-free likelihood, its gradient and a posterior mean.
         solver = eqgp.ConjugateGradient(rtol=1e-10, preconditioner_rank=5, num_probes=2, tile_bytes=2**14, shard=shard)
         gp = eqgp.GaussianProcess(kernels.RBF([0.8, 1.2]), noise=1e-2, solver=solver)

@@ -124,7 +124,7 @@ def test_cholesky_jitter_and_not_positive_definite():
     cov, _ = prior(kernels.RBF(1.0), eqgp.ZeroMean(), (jnp.asarray(0.0),), obs)
     with pytest.raises(Exception, match="Raise the jitter"):
         jax.block_until_ready(eqx.filter_jit(eqgp.Cholesky().init)(cov))
-    L = eqgp.Cholesky(jitter=1e-6).init(cov)
+    L = eqgp.Cholesky(jitter=1e-6).init(cov).factor
     assert_close(L @ L.T, cov.as_matrix() + 1e-6 * jnp.eye(3), rtol=1e-12, atol=1e-14)
 
 
@@ -133,7 +133,7 @@ def test_cholesky_jitter_is_relative_to_the_kernel_not_the_noise():
     X = jnp.zeros((4, 1))
     obs = eqgp.Observations.values(X, jnp.zeros(4), noise=jnp.array([0.0, 0.0, 1e10, 1e10]))
     cov, _ = prior(kernels.RBF(1.0, variance=2.0), eqgp.ZeroMean(), (jnp.asarray(0.0),), obs)
-    L = eqgp.Cholesky(jitter=1e-6).init(cov)
+    L = eqgp.Cholesky(jitter=1e-6).init(cov).factor
     assert_close(L @ L.T, cov.as_matrix() + 2e-6 * jnp.eye(4), rtol=1e-12, atol=1e-9)
 
 

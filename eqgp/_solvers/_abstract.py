@@ -1,57 +1,131 @@
 import abc
-from typing import ClassVar
+import math
+from typing import Generic, TypeVar
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._covariance import Covariance
+from .._jit import full_precision
 
 
-class AbstractSolver(eqx.Module):
+class AbstractSolverState(eqx.Module):
+    """What a solver prepared for one covariance (a factor, a preconditioner, ...): built by
+    `AbstractSolver.init`, read only by that solver's methods."""
+
+
+_State = TypeVar("_State", bound=AbstractSolverState)
+
+
+class AbstractSolver(eqx.Module, Generic[_State]):
     """Linear algebra for the observation covariance: pure configuration.
 
-    `init(cov, key)` prepares a state once (a factorisation, or a preconditioner and probe
-    vectors); the other methods use it. Everything the likelihood and the posterior need
-    goes through these methods, so a dense and a matrix-free solver are interchangeable in
-    `GaussianProcess(..., solver=...)`.
-
-    A solver whose `init`, `solve` and `logdet` are plain differentiable JAX code (a
-    structured closed form) sets `differentiable = True`: the likelihood is then
-    differentiated straight through it instead of by the shared backward rule.
+    `init(cov, key)` prepares a typed state once (a factorisation, or a preconditioner and
+    probe vectors); every other method takes that state. The solver owns all the algebra the
+    likelihood and the posterior need: solves, the log-determinant, the likelihood and its
+    derivative, the posterior's caches and conditioning on more observations. So a dense and
+    a matrix-free solver are interchangeable in `GaussianProcess(..., solver=...)`, and the
+    model never asks which solver it holds.
     """
 
-    differentiable: ClassVar[bool] = False
-
     @abc.abstractmethod
-    def init(self, cov: Covariance, key: PRNGKeyArray | None = None):
+    def init(self, cov: Covariance, key: PRNGKeyArray | None = None) -> _State:
         """Prepare the state for `cov` (`eqgp.Covariance`, `R x R`); `key` seeds any probe vectors."""
 
-    def for_prediction(self, state):
-        """The state a `Posterior` keeps: `state`, or one extended with caches that make
-        predictions cheaper (e.g. a Lanczos cache for variances). Called once per `condition`."""
-        return state
-
     @abc.abstractmethod
-    def solve(self, state, B: Float[Array, "R ..."]) -> Float[Array, "R ..."]:
+    def solve(self, state: _State, B: Float[Array, "R ..."]) -> Float[Array, "R ..."]:
         """`K^{-1} B`."""
 
     @abc.abstractmethod
-    def logdet(self, state) -> Float[Array, ""]:
+    def logdet(self, state: _State) -> Float[Array, ""]:
         """`log det K` (exact, or a stochastic estimate)."""
 
     @abc.abstractmethod
-    def likelihood_pieces(self, state, alpha: Float[Array, " R"]) -> tuple[Array, Array | None, Array | None]:
-        """`(U, V, d)` with `U V^T + diag(d)` equal to (or an unbiased estimate of) the log
-        marginal likelihood's derivative with respect to `K`, `(alpha alpha^T - K^{-1}) / 2`,
-        where `alpha = K^{-1} r`. `V=None` means the identity (`U` is the dense cotangent);
-        `d=None` means no diagonal term."""
+    def log_marginal_likelihood(
+        self, cov: Covariance, residual: Float[Array, " R"], key: PRNGKeyArray | None = None
+    ) -> Float[Array, ""]:
+        """`log N(residual | 0, K)`, differentiable with respect to everything in `cov` and
+        `residual`."""
 
-    def inv_quad(self, state, B: Float[Array, "R k"], diagonal: bool) -> Array:
-        """`B^T K^{-1} B` `(k, k)`, or only its diagonal `(k,)` with `diagonal=True`; by
-        default from `solve` (a solver with a cheaper form overrides it)."""
-        S = self.solve(state, B)
-        if diagonal:
-            return jnp.sum(B * S, axis=0)
-        Q = B.T @ S
-        return 0.5 * (Q + Q.T)
+    @abc.abstractmethod
+    def for_prediction(self, state: _State) -> _State:
+        """The state a `Posterior` keeps: `state`, or one extended with caches that make
+        predictions cheaper (e.g. a Lanczos cache for variances). Called once per `condition`."""
+
+    @abc.abstractmethod
+    def inv_quad(self, state: _State, B: Float[Array, "R k"], diagonal: bool) -> Array:
+        """`B^T K^{-1} B` `(k, k)`, or only its diagonal `(k,)` with `diagonal=True`."""
+
+    @abc.abstractmethod
+    def extend(
+        self,
+        state: _State,
+        alpha: Float[Array, " R1"],
+        cov: Covariance,
+        residual: Float[Array, " R"],
+        key: PRNGKeyArray | None = None,
+    ) -> tuple[_State, Float[Array, " R"]]:
+        """Condition on more observations: `state` and `alpha = K1^{-1} r1` are this solver's
+        work for the first `R1` rows of `cov` (whose groups start with the old ones); returns
+        the state for all of `cov` and `K^{-1} residual`, reusing the old work where the
+        solver can."""
+
+
+def inv_quad_by_solves(solver: AbstractSolver, state, B: Array, diagonal: bool) -> Array:
+    """`B^T K^{-1} B` (or its diagonal) from one solve per column of `B`."""
+    S = solver.solve(state, B)
+    if diagonal:
+        return jnp.sum(B * S, axis=0)
+    Q = B.T @ S
+    return 0.5 * (Q + Q.T)
+
+
+def _value(solver: AbstractSolver, cov: Covariance, r: Array, key) -> tuple[Array, tuple]:
+    state = solver.init(cov, key)
+    alpha = solver.solve(state, r)
+    value = -0.5 * (r @ alpha + solver.logdet(state) + r.shape[0] * math.log(2 * math.pi))
+    return value, (state, alpha)
+
+
+def log_marginal_likelihood_by_autodiff(solver: AbstractSolver, cov: Covariance, r: Array, key) -> Array:
+    """The log marginal likelihood, differentiated straight through the solver's algebra (for
+    a solver whose `init`, `solve` and `logdet` are plain differentiable JAX code)."""
+    return _value(solver, cov, r, key)[0]
+
+
+class AbstractPullbackSolver(AbstractSolver[_State]):
+    """A solver whose likelihood derivative never goes through its own algebra: it hands the
+    derivative with respect to `K`, `(alpha alpha^T - K^{-1}) / 2`, to the covariance's
+    pullback (`likelihood_cotangent`), and one custom VJP, written once here, does the rest
+    (the derivative with respect to the residual is `-alpha`)."""
+
+    @abc.abstractmethod
+    def likelihood_cotangent(self, state: _State, alpha: Float[Array, " R"], cov: Covariance) -> Covariance:
+        """The gradient of the log marginal likelihood with respect to every inexact array of
+        `cov`: `cov.pullback` of `(alpha alpha^T - K^{-1}) / 2` (exact, or an unbiased
+        estimate), where `alpha = K^{-1} r`."""
+
+    def log_marginal_likelihood(self, cov, residual, key=None):
+        return _loglik((cov, residual), self, key)
+
+
+@eqx.filter_custom_vjp
+def _loglik(diff, solver, key):
+    return _value(solver, *diff, key)[0]
+
+
+@_loglik.def_fwd
+@full_precision
+def _loglik_fwd(perturbed, diff, solver, key):
+    return _value(solver, *diff, key)
+
+
+@_loglik.def_bwd
+@full_precision
+def _loglik_bwd(residuals, g, perturbed, diff, solver, key):
+    state, alpha = residuals
+    cov_ct = solver.likelihood_cotangent(state, alpha, diff[0])
+    # g is in the data's dtype; a hyper-parameter may be stored in another (float64).
+    return jax.tree.map(lambda x: g.astype(x.dtype) * x, cov_ct), -g * alpha

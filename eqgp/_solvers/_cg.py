@@ -1,4 +1,3 @@
-import dataclasses
 import warnings
 
 import equinox as eqx
@@ -10,11 +9,11 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._covariance import Covariance
-from ._abstract import AbstractSolver
+from ._abstract import AbstractPullbackSolver, AbstractSolverState, inv_quad_by_solves
 from ._preconditioner import Woodbury, pivoted_cholesky
 
 
-class _CGState(eqx.Module):
+class _CGState(AbstractSolverState):
     cov: Covariance
     preconditioner: Woodbury
     probes: Float[Array, "R s"]
@@ -38,18 +37,19 @@ def _report(rel, rtol, max_steps, on_failure):
             print(msg)
 
 
-def _whitened(pre: Woodbury, cov: Covariance):
-    """`w -> F^{-1} K F^{-T} w`: well conditioned when the preconditioner `P = F F^T` is close to K."""
+def _whitened(pre: Woodbury, mv):
+    """`w -> F^{-1} K F^{-T} w` for `mv = K @`: well conditioned when the preconditioner
+    `P = F F^T` is close to K."""
 
-    def mv(w):
-        return pre.inv_sqrt(cov.mv(pre.inv_sqrt_t(w)))
+    def whitened(w):
+        return pre.inv_sqrt(mv(pre.inv_sqrt_t(w)))
 
-    return mv
+    return whitened
 
 
-class ConjugateGradient(AbstractSolver):
+class ConjugateGradient(AbstractPullbackSolver[_CGState]):
     """Matrix-free: preconditioned conjugate gradients and stochastic Lanczos quadrature
-    (BBMM, Gardner et al. 2018) on the covariance operator, which is never formed.
+    (BBMM, Gardner et al. 2018) on the covariance (a linear map), which is never formed.
 
     - solves: `lineax.CG` on `Covariance.mv` (tiled autodiff products), preconditioned by a
       partial pivoted Cholesky of rank `preconditioner_rank` plus the noise (Woodbury);
@@ -66,10 +66,8 @@ class ConjugateGradient(AbstractSolver):
       `O(R (k + preconditioner_rank))`. It is exact on the Krylov space and uses the
       preconditioner's inverse elsewhere, which overestimates the variance explained where
       the Krylov space misses the whitened covariance's large eigenvalues: too small a cache
-      with too weak a preconditioner gives too small variances. Measured at 600 rows (RBF,
-      noise 1e-2), max relative error of the value variances for (preconditioner_rank,
-      variance_rank): (50, 100) 2e-7, (0, 100) 1.3e-7, (50, 50) 1.6e-4, (10, 50) 0.36,
-      (10, 10) useless. Check against `variance_rank=0` on a subset when in doubt.
+      with too weak a preconditioner gives too small variances (docs/performance.md has
+      measured errors). Check against `variance_rank=0` on a subset when in doubt.
 
     Probes come from the `key` given to `GaussianProcess.log_marginal_likelihood` /
     `condition`; with `key=None` a fixed key is used, so the objective is a deterministic
@@ -83,7 +81,10 @@ class ConjugateGradient(AbstractSolver):
 
     `shard=True` splits every covariance product's row tiles over `jax.devices()`
     (`jax.sharding`; several hosts after `jax.distributed.initialize()`): the same code on
-    one device or many, equal results (tested with 4 simulated CPU devices).
+    one device or many, equal results.
+
+    Conditioning on more observations (`Posterior.update`) warm-starts the new solve from
+    the old solution (padded with zeros) and rebuilds the preconditioner.
     """
 
     rtol: float = eqx.field(static=True, default=1e-6)
@@ -111,12 +112,18 @@ class ConjugateGradient(AbstractSolver):
         if self.on_failure not in ("raise", "warn"):
             raise ValueError(f"`on_failure` must be 'raise' or 'warn'; got {self.on_failure!r}.")
 
+    def _mv(self, cov: Covariance, k: int = 1):
+        """`V -> K @ V` with this solver's tiling, the budget shared by `k` products that run
+        batched (under `vmap`)."""
+        tile = max(1, self.tile_bytes // max(k, 1))
+        return lambda V: cov.mv(V, tile_bytes=tile, shard=self.shard)
+
     def init(self, cov: Covariance, key: PRNGKeyArray | None = None) -> _CGState:
-        cov = dataclasses.replace(cov.with_tile_bytes(self.tile_bytes), shard=self.shard or cov.shard)
         R = cov.size
         rank = min(self.preconditioner_rank, R)
         if rank > 0:
-            L = pivoted_cholesky(cov.kernel_diagonal(), cov.kernel_column, rank)
+            column = lambda i: cov.kernel_column(i, tile_bytes=self.tile_bytes, shard=self.shard)  # noqa: E731
+            L = pivoted_cholesky(cov.kernel_diagonal(), column, rank)
         else:
             L = jnp.zeros((R, 0), cov.dtype)
         key = jax.random.key(0) if key is None else key
@@ -130,21 +137,21 @@ class ConjugateGradient(AbstractSolver):
             return state
         start = state.probes[:, 0] if state.probes.shape[1] else jnp.ones((R,), state.cov.dtype)
         Q, T, *_ = matfree.decomp.tridiag_sym(steps, reortho="full", custom_vjp=False)(
-            _whitened(state.preconditioner, state.cov), start / jnp.linalg.norm(start)
+            _whitened(state.preconditioner, self._mv(state.cov)), start / jnp.linalg.norm(start)
         )
         C = jnp.linalg.inv(T) - jnp.eye(steps, dtype=T.dtype)
         return eqx.tree_at(lambda s: s.love, state, (Q, 0.5 * (C + C.T)), is_leaf=lambda x: x is None)
 
     def solve(self, state: _CGState, B, y0=None):
-        """`K^{-1} B` by preconditioned CG, from `y0` (same shape as `B`; a warm start,
-        e.g. the previous solution padded with zeros) or from zero."""
+        """`K^{-1} B` by preconditioned CG, from `y0` (same shape as `B`; a warm start) or
+        from zero."""
         vec = B.ndim == 1
         B2 = B[:, None] if vec else B
         Y0 = jnp.zeros_like(B2) if y0 is None else (y0[:, None] if vec else y0).astype(B2.dtype)
-        k = B2.shape[1]
-        cov = state.cov.with_tile_bytes(state.cov.tile_bytes // max(k, 1))
+        cov = state.cov
+        mv = self._mv(cov, B2.shape[1])
         structure = jax.ShapeDtypeStruct((cov.size,), cov.dtype)
-        operator = lx.FunctionLinearOperator(cov.mv, structure, tags=lx.positive_semidefinite_tag)
+        operator = lx.FunctionLinearOperator(mv, structure, tags=lx.positive_semidefinite_tag)
         pre = lx.FunctionLinearOperator(state.preconditioner.inv, structure, tags=lx.positive_semidefinite_tag)
         solver = lx.CG(rtol=self.rtol, atol=self.atol, max_steps=self.max_steps)
 
@@ -154,7 +161,7 @@ class ConjugateGradient(AbstractSolver):
 
         X = jax.vmap(one, in_axes=1, out_axes=1)(B2, Y0)
         # The residual of the returned solution, recomputed (not CG's recursive estimate).
-        res = B2 - cov.mv(X)
+        res = B2 - mv(X)
         # Relative in the max norm, as lineax's CG stops.
         bnorm = jnp.max(jnp.abs(B2), axis=0)
         rel = jnp.max(jnp.max(jnp.abs(res), axis=0) / jnp.where(bnorm > 0, bnorm, 1.0), initial=0.0)
@@ -175,10 +182,9 @@ class ConjugateGradient(AbstractSolver):
         if R == 0:
             return jnp.zeros((), cov.dtype)
         pre = state.preconditioner
-        s = state.probes.shape[1]
         # Batched over the probes, each product's tiles share the budget; sharded, the probes
         # run one after another (below) and each product has all of it.
-        whitened = _whitened(pre, cov if cov.shard else cov.with_tile_bytes(cov.tile_bytes // s))
+        whitened = _whitened(pre, self._mv(cov, 1 if self.shard else state.probes.shape[1]))
 
         steps = min(self.num_lanczos, R)
         tridiag = matfree.decomp.tridiag_sym(steps, custom_vjp=False)
@@ -189,7 +195,7 @@ class ConjugateGradient(AbstractSolver):
             evals, evecs = jnp.linalg.eigh(T)
             return length**2 * jnp.sum(evecs[0] ** 2 * jnp.log(evals))
 
-        if cov.shard:
+        if self.shard:
             # Sharded: one probe after another. XLA:CPU deadlocked (4 simulated devices, jaxlib
             # 0.10) on the sharded product batched over probes inside matfree's Lanczos loop.
             samples = jax.lax.map(quadform, state.probes.T)
@@ -197,7 +203,7 @@ class ConjugateGradient(AbstractSolver):
             samples = jax.vmap(quadform, in_axes=1)(state.probes)
         return pre.logdet() + jnp.mean(samples)
 
-    def likelihood_pieces(self, state: _CGState, alpha):
+    def likelihood_cotangent(self, state: _CGState, alpha, cov):
         pre = state.preconditioner
         s = state.probes.shape[1]
         Z = pre.sqrt(state.probes)  # probes with covariance P
@@ -209,7 +215,7 @@ class ConjugateGradient(AbstractSolver):
         remainder = self.solve(state, Z) - PinvZ
         U = 0.5 * jnp.concatenate([alpha[:, None], -A, -remainder / s], axis=1)
         V = jnp.concatenate([alpha[:, None], B, PinvZ], axis=1)
-        return U, V, -0.5 * d
+        return cov.pullback(U, V, -0.5 * d, tile_bytes=self.tile_bytes, shard=self.shard)
 
     def inv_quad(self, state: _CGState, B, diagonal):
         if state.love is not None:  # the LOVE cache: no solves
@@ -221,4 +227,9 @@ class ConjugateGradient(AbstractSolver):
                 return jnp.sum(B * PB, axis=0) + jnp.sum(W * (C @ W), axis=0)
             out = B.T @ PB + W.T @ (C @ W)
             return 0.5 * (out + out.T)
-        return super().inv_quad(state, B, diagonal)  # one CG solve per column
+        return inv_quad_by_solves(self, state, B, diagonal)  # one CG solve per column
+
+    def extend(self, state, alpha, cov, residual, key=None):
+        new = self.init(cov, key)
+        y0 = jnp.concatenate([alpha, jnp.zeros(residual.shape[0] - alpha.shape[0], residual.dtype)])
+        return new, self.solve(new, residual, y0=y0)

@@ -11,14 +11,11 @@ rank `N^2` with `U[(p, a), (e, c)] = delta_ae (L x_c)_p` and the sparse `C` of
 `c_ab = -4 v phi''(s_ab)` (at most four entries per row). With the eigendecomposition of
 `B`, `A = L (x) B + Sigma (x) I` is diagonal in a known basis, and the Woodbury identity
 leaves one dense `N^2 x N^2` system: time `O(N^2 D + N^6)` and memory `O(N D + N^4)`
-instead of `O(N^3 D^3)` and `O(N^2 D^2)`. N = 100 points in D = 10 000 (a million rows)
-take seconds to a minute on a laptop, exactly.
+instead of `O(N^3 D^3)` and `O(N^2 D^2)` (timings: docs/performance.md).
 
 Other observations (values, or any other operator) add `M` rows, eliminated by a dense Schur
 complement: `M` more structured solves and an `M x M` Cholesky.
 """
-
-from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -28,17 +25,18 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._covariance import Covariance
-from .._gram import operator_gram
+from .._gram import _operator_gram, check_smoothness
 from .._jit import full_precision
-from .._kernels import AbstractStationaryKernel, _per_dimension
+from .._kernels import AbstractStationaryKernel
+from .._linalg import cholesky
 from .._operators import Gradient, Value, ValueAndGradient
-from ._abstract import AbstractSolver
-from ._cholesky import Cholesky, cholesky
+from .._parameters import per_dimension
+from ._abstract import AbstractSolver, AbstractSolverState, inv_quad_by_solves, log_marginal_likelihood_by_autodiff
 
 
 # The N^2 x N^2 system S: factorised once (LU), and differentiated by hand so that reverse
 # mode costs one solve with S^T (log det: S^{-T}; a solve: S^{-T} times the cotangent)
-# instead of going back through the factorisation (about 4x slower at N = 100).
+# instead of going back through the factorisation (several times slower).
 @jax.custom_vjp
 def _logdet(S, lu):
     return jnp.sum(jnp.log(jnp.abs(jnp.diagonal(lu[0]))))
@@ -99,7 +97,7 @@ class _GradientBlock(eqx.Module):
         return (Z - _apply_A_inv(self, correction)).reshape(D * N, k)
 
 
-class _StructuredState(eqx.Module):
+class _StructuredState(AbstractSolverState):
     block: _GradientBlock
     order: Array  # rows of K: the other observations' first, then the gradient block's
     cross: Array  # (N D, M) covariance of the gradient block with the M other rows
@@ -127,7 +125,7 @@ def _apply_A_inv(block: _GradientBlock, Z: Array) -> Array:
 def _inverse_squared_lengthscales(kernel: AbstractStationaryKernel, X: Array) -> Array:
     D = X.shape[1]
     point = jnp.zeros((D,), X.dtype)  # only its shape and dtype are read: X may have no rows
-    return jnp.broadcast_to(1.0 / _per_dimension("lengthscale", kernel.lengthscale, point) ** 2, (D,))
+    return jnp.broadcast_to(1.0 / per_dimension("lengthscale", kernel.lengthscale, point) ** 2, (D,))
 
 
 def _profile_derivative(kernel: AbstractStationaryKernel, s: Array, order: int) -> Array:
@@ -148,8 +146,7 @@ def _cross(kernel: AbstractStationaryKernel, X: Array, others) -> Array:
     """The covariance `(N D, M)` of the gradients at `X` with the other observations. Values in
     closed form, `2 v phi'(s_ab) lam_p (x_ap - z_bp)` (`O(N M D)`, no derivative arrays);
     other operators by `operator_gram`, with the gradient on the column side (forward mode),
-    which kept the least memory in the likelihood's reverse pass (0.56 vs 0.74 GB at
-    N = M = 100, D = 1 000)."""
+    which kept the least memory in the likelihood's reverse pass."""
     N, D = X.shape
     lam = _inverse_squared_lengthscales(kernel, X)
     v = kernel.variance.astype(X.dtype)
@@ -160,7 +157,7 @@ def _cross(kernel: AbstractStationaryKernel, X: Array, others) -> Array:
             diff = lam[:, None, None] * (X.T[:, :, None] - Z.T[:, None, :])  # (D, N, M)
             blocks.append((2.0 * v * d1[None] * diff).reshape(D * N, Z.shape[0]))
         else:
-            blocks.append(operator_gram(kernel, [(op, Z)], [(Gradient(), X)]).T)
+            blocks.append(_operator_gram(kernel, [(op, Z)], [(Gradient(), X)]).T)
     return jnp.concatenate(blocks, axis=1)
 
 
@@ -229,7 +226,7 @@ def _split_groups(groups):
     return X_grad, grad_rows, others, other_rows
 
 
-class StructuredGradients(AbstractSolver):
+class StructuredGradients(AbstractSolver[_StructuredState]):
     """Exact solver for gradient observations in many input dimensions.
 
     For one group of `eqgp.Gradient` (or `eqgp.ValueAndGradient`) observations with a stationary kernel (`RBF`,
@@ -248,9 +245,8 @@ class StructuredGradients(AbstractSolver):
     The likelihood's gradient is plain reverse-mode autodiff through the structured
     algebra (an eigendecomposition of an `N x N` matrix and an LU factorisation of an
     `N^2 x N^2` one), so points must be distinct enough for `B`'s eigenvalues to differ.
+    It cannot extend a factorisation (`Posterior.update`): condition afresh.
     """
-
-    differentiable: ClassVar[bool] = True
 
     def init(self, cov: Covariance, key=None) -> _StructuredState:
         kernel = cov.kernel
@@ -260,6 +256,7 @@ class StructuredGradients(AbstractSolver):
                 f"(`kernels.AbstractStationaryKernel`: RBF, Matern32/52, RationalQuadratic); got "
                 f"{type(kernel).__name__}. Use `eqgp.Cholesky()` or `eqgp.ConjugateGradient()`."
             )
+        check_smoothness(kernel, *(op for op, _ in cov.groups))
         X, grad_rows, others, other_rows = _split_groups(cov.groups)
         block = _gradient_block(kernel, X, cov.noise[grad_rows])
         order = jnp.asarray(np.concatenate([other_rows, grad_rows]), jnp.int32)
@@ -268,12 +265,12 @@ class StructuredGradients(AbstractSolver):
             z = jnp.zeros((len(grad_rows), 0), dtype)
             return _StructuredState(block, order, z, z, jnp.zeros((0, 0), dtype), block.logdet)
         # K = [[K_oo, cross^T], [cross, block]]: the Schur complement K_oo - cross^T block^{-1} cross.
-        K_oo = operator_gram(kernel, others, others) + jnp.diag(cov.noise[other_rows])
+        K_oo = _operator_gram(kernel, others, others) + jnp.diag(cov.noise[other_rows])
         cross = _cross(kernel, X, others)
         Z = block.solve(cross)
         schur = K_oo - cross.T @ Z
         L = cholesky(0.5 * (schur + schur.T), 0.0)
-        logdet = block.logdet + Cholesky().logdet(L)  # a Cholesky solver's state is its factor
+        logdet = block.logdet + 2.0 * jnp.sum(jnp.log(jnp.diagonal(L)))
         return _StructuredState(block, order, cross, Z, L, logdet)
 
     def solve(self, state: _StructuredState, B):
@@ -292,5 +289,19 @@ class StructuredGradients(AbstractSolver):
     def logdet(self, state: _StructuredState):
         return state.logdet
 
-    def likelihood_pieces(self, state, alpha):
-        raise NotImplementedError("StructuredGradients is differentiated by autodiff (`differentiable = True`).")
+    def log_marginal_likelihood(self, cov, residual, key=None):
+        # The structured algebra is plain differentiable JAX: autodiff goes straight through.
+        return log_marginal_likelihood_by_autodiff(self, cov, residual, key)
+
+    def for_prediction(self, state):
+        return state
+
+    def inv_quad(self, state, B, diagonal):
+        return inv_quad_by_solves(self, state, B, diagonal)
+
+    def extend(self, state, alpha, cov, residual, key=None):
+        raise TypeError(
+            "eqgp.StructuredGradients cannot extend its factorisation with more observations "
+            "(`Posterior.update`): condition afresh with `gp.condition(all_observations)`, or use "
+            "eqgp.Cholesky() / eqgp.ConjugateGradient(), which update."
+        )
