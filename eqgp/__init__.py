@@ -31,6 +31,7 @@ from ._jit import compiler_options as compiler_options
 from ._likelihood import log_marginal_likelihood as log_marginal_likelihood
 from ._observations import ObservationGroup as ObservationGroup, Observations as Observations
 from ._prior import ConstantMean as ConstantMean, ZeroMean as ZeroMean
+from ._saving import load as load, save as save
 from ._solvers import (
     AbstractPullbackSolver as AbstractPullbackSolver,
     AbstractSolver as AbstractSolver,

@@ -10,28 +10,62 @@ the objective's maximum, `maximize=False` for its minimum.
 import math
 from collections.abc import Callable
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from ._gp import Posterior
+from ._checks import as_key
+from ._gp import GaussianProcess, Posterior
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
+def _check_posterior(posterior) -> None:
+    if isinstance(posterior, GaussianProcess):
+        raise TypeError(
+            "`posterior` must be an eqgp.Posterior; got a GaussianProcess. Condition it first: "
+            "`gp.condition(obs)`."
+        )
+    if not isinstance(posterior, Posterior):
+        raise TypeError(
+            f"`posterior` must be an eqgp.Posterior (from `gp.condition(obs)`); got {type(posterior).__name__}."
+        )
+
+
+def _check_maximize(maximize) -> None:
+    if not isinstance(maximize, (bool, np.bool_)):
+        raise TypeError(f"`maximize` must be a bool (True: look for the maximum); got {maximize!r}.")
+
+
+def _finite_scalar(name: str, value, dtype, minimum=None) -> Array:
+    """`value` as a scalar of `dtype`: a shape error at trace time, a value error (NaN, inf,
+    below `minimum`) at run time, also under `jit`."""
+    if isinstance(value, str) or not isinstance(value, (int, float, np.number, np.ndarray, jax.Array)):
+        raise TypeError(f"`{name}` must be a number; got {value!r:.80}.")
+    v = jnp.asarray(value)
+    if v.ndim != 0:
+        raise ValueError(f"`{name}` must be a scalar; got shape {v.shape}.")
+    v = v.astype(dtype)
+    bad = ~jnp.isfinite(v) if minimum is None else ~jnp.isfinite(v) | (v < minimum)
+    rule = "finite" if minimum is None else f"finite and >= {minimum}"
+    return eqx.error_if(v, bad, f"`{name}` must be {rule}.")
+
+
 def _mean_sd(posterior: Posterior, X, floor=0.0):
     """The posterior mean and standard deviation of the value at `X`, the variance floored."""
+    _check_posterior(posterior)
     mean = posterior.mean(X)
     return mean, jnp.sqrt(jnp.maximum(posterior.variance(X), floor))
 
 
 def _improvement_z(posterior: Posterior, X, best_f, maximize: bool):
+    _check_posterior(posterior)
+    _check_maximize(maximize)
     mean, sd = _mean_sd(posterior, X, jnp.finfo(posterior.alpha.dtype).tiny)
-    best = jnp.asarray(best_f, mean.dtype)
-    if best.ndim != 0:
-        raise ValueError(f"`best_f` must be a scalar (the incumbent); got shape {best.shape}.")
+    best = _finite_scalar("best_f", best_f, mean.dtype)
     u = mean - best if maximize else best - mean
     return u / sd, sd
 
@@ -53,7 +87,7 @@ def _log_h(z: Array) -> Array:
 
 
 def expected_improvement(
-    posterior: Posterior, X: Float[Array, "N D"], best_f: ArrayLike, maximize: bool = True
+    posterior: Posterior, X: Float[Array | np.ndarray, "N D"], best_f: ArrayLike, maximize: bool = True
 ) -> Float[Array, " N"]:
     """Expected improvement over the incumbent `best_f`: `E[max(f(X) - best_f, 0)]`
     (or `E[max(best_f - f(X), 0)]` with `maximize=False`) under the posterior.
@@ -73,7 +107,7 @@ def expected_improvement(
 
 
 def log_expected_improvement(
-    posterior: Posterior, X: Float[Array, "N D"], best_f: ArrayLike, maximize: bool = True
+    posterior: Posterior, X: Float[Array | np.ndarray, "N D"], best_f: ArrayLike, maximize: bool = True
 ) -> Float[Array, " N"]:
     """`log(expected_improvement(...))`, computed without underflow (as BoTorch's
     `LogExpectedImprovement`): finite, with useful gradients, even where the improvement
@@ -86,7 +120,7 @@ def log_expected_improvement(
 
 
 def upper_confidence_bound(
-    posterior: Posterior, X: Float[Array, "N D"], beta: ArrayLike = 4.0, maximize: bool = True
+    posterior: Posterior, X: Float[Array | np.ndarray, "N D"], beta: ArrayLike = 4.0, maximize: bool = True
 ) -> Float[Array, " N"]:
     """`mean + sqrt(beta) sd` of the posterior value at `X` (with `maximize=False`:
     `-(mean - sqrt(beta) sd)`, the lower bound negated, so that higher is better).
@@ -96,8 +130,9 @@ def upper_confidence_bound(
 
     **Returns:** shape `(N,)`.
     """
+    _check_maximize(maximize)
     mean, sd = _mean_sd(posterior, X)
-    bonus = jnp.sqrt(jnp.asarray(beta, mean.dtype)) * sd
+    bonus = jnp.sqrt(_finite_scalar("beta", beta, mean.dtype, minimum=0)) * sd
     return mean + bonus if maximize else -(mean - bonus)
 
 
@@ -105,7 +140,7 @@ def maximize_acquisition(
     acquisition: Callable[[Float[Array, "N D"]], Float[Array, " N"]],
     lower: ArrayLike,
     upper: ArrayLike,
-    key: PRNGKeyArray,
+    key: PRNGKeyArray | int,
     num_starts: int = 32,
     steps: int = 100,
     learning_rate: float = 0.02,
@@ -122,7 +157,7 @@ def maximize_acquisition(
     - `acquisition`: `X (N, D) -> (N,)`, each output depending on its own row only (as
       `expected_improvement` and friends: `lambda X: eqgp.log_expected_improvement(post, X, best)`).
     - `lower`, `upper`: the box, shape `(D,)` each, `lower < upper`.
-    - `key`: a `jax.random` key for the starts.
+    - `key`: a `jax.random` key (or an int seed) for the starts.
     - `num_starts`, `steps`, `learning_rate`: the ascent (the rate is in unit-box coordinates;
       its initial value).
     - `initial`: optional further starts, shape `(M, D)`, e.g. points near the incumbent
@@ -131,15 +166,30 @@ def maximize_acquisition(
     **Returns:** `(x, value)`: the best point, shape `(D,)`, and its acquisition value.
     Usable under `jit` (`num_starts` and `steps` static).
     """
+    key = as_key("key", key)
+    if not callable(acquisition):
+        raise TypeError(f"`acquisition` must be a function X (N, D) -> (N,); got {acquisition!r:.80}.")
     lower = jnp.asarray(lower)
     upper = jnp.asarray(upper)
     if lower.ndim != 1 or lower.shape != upper.shape:
         raise ValueError(f"`lower` and `upper` must have the same shape (D,); got {lower.shape} and {upper.shape}.")
     if not isinstance(lower, jax.core.Tracer) and not isinstance(upper, jax.core.Tracer):
-        if not bool(np.all(np.asarray(lower) < np.asarray(upper))):
-            raise ValueError(f"`lower` must be below `upper` in every dimension; got {lower} and {upper}.")
-    if not (isinstance(num_starts, int) and num_starts >= 1 and isinstance(steps, int) and steps >= 0):
-        raise ValueError(f"`num_starts` must be an int >= 1 and `steps` an int >= 0; got {num_starts}, {steps}.")
+        lo, hi = np.asarray(lower), np.asarray(upper)
+        if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
+            raise ValueError(f"`lower` and `upper` must be finite (a box); got {lo} and {hi}.")
+        if not bool(np.all(lo < hi)):
+            raise ValueError(f"`lower` must be below `upper` in every dimension; got {lo} and {hi}.")
+    for name, value, least in (("num_starts", num_starts, 1), ("steps", steps, 0)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
+            raise ValueError(f"`{name}` must be an int >= {least}; got {value!r}.")
+    if isinstance(learning_rate, jax.core.Tracer):
+        learning_rate = eqx.error_if(
+            learning_rate, ~(learning_rate > 0) | ~jnp.isfinite(learning_rate), "`learning_rate` must be positive."
+        )
+    elif isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float, np.number)) or not (
+        0 < float(learning_rate) < math.inf
+    ):
+        raise ValueError(f"`learning_rate` must be a positive finite number; got {learning_rate!r}.")
     dtype = jnp.result_type(lower.dtype, upper.dtype, float)
     lower, upper = lower.astype(dtype), upper.astype(dtype)
     width = upper - lower
@@ -147,8 +197,18 @@ def maximize_acquisition(
     def in_box(U):  # unit-box coordinates (S, D) -> points
         return lower[None] + U * width[None]
 
+    def scores(X):
+        out = acquisition(X)
+        if getattr(out, "shape", None) != (X.shape[0],):
+            raise ValueError(
+                f"`acquisition` must return one value per point, shape ({X.shape[0]},) for X of shape "
+                f"{tuple(X.shape)}; got {getattr(out, 'shape', type(out).__name__)}. Pointwise acquisitions such "
+                "as `lambda X: eqgp.log_expected_improvement(post, X, best)` do."
+            )
+        return out
+
     def objective(U):
-        return -jnp.sum(acquisition(in_box(U)))
+        return -jnp.sum(scores(in_box(U)))
 
     opt = optax.adam(optax.cosine_decay_schedule(learning_rate, max(steps, 1), alpha=0.01))
     U0 = jax.random.uniform(key, (num_starts, lower.shape[0]), dtype)
@@ -168,7 +228,14 @@ def maximize_acquisition(
     with jax.numpy_dtype_promotion("standard"):  # optax's bias correction mixes int32 and float
         (U, _), _ = jax.lax.scan(step, (U0, opt.init(U0)), None, length=steps)
     X = in_box(U)
-    values = acquisition(X)
+    values = scores(X)
     values = jnp.where(jnp.isnan(values), -jnp.inf, values)
     i = jnp.argmax(values)
-    return X[i], values[i]
+    best = eqx.error_if(
+        values[i],
+        ~(values[i] > -jnp.inf),
+        "eqgp.maximize_acquisition: the acquisition is NaN or -inf at every start and every step; check "
+        "the posterior (NaN hyper-parameters?) and `best_f`, or use `log_expected_improvement`, which "
+        "stays finite far from the incumbent.",
+    )
+    return X[i], best

@@ -24,7 +24,11 @@ def as_points(name: str, X, dim: int | None = None) -> jax.Array:
             f"`{name}.astype(jnp.float32)`."
         )
     if X.ndim != 2:
-        hint = f" For one-dimensional inputs use `{name}[:, None]`." if X.ndim == 1 else ""
+        hint = (
+            f" For N points in one dimension use `{name}[:, None]`; for one point in D dimensions, `{name}[None]`."
+            if X.ndim == 1
+            else ""
+        )
         raise ValueError(f"`{name}` must have shape (N, D); got shape {tuple(X.shape)}.{hint}")
     if dim is not None and X.shape[1] != dim:
         raise ValueError(
@@ -39,3 +43,20 @@ def check_same_dtype(**arrays) -> None:
     if len(set(dtypes.values())) > 1:
         got = ", ".join(f"{n}: {d}" for n, d in dtypes.items())
         raise TypeError(f"inputs must share one floating dtype; got {got}.")
+
+
+def as_key(name: str, key):
+    """A `jax.random` key from `key`: a key (typed, or the legacy `uint32[2]`), an integer seed
+    (converted with `jax.random.key`), or `None` (returned as is)."""
+    if key is None:
+        return None
+    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+        return jax.random.key(int(key))
+    dtype = getattr(key, "dtype", None)
+    if dtype is not None and (
+        jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) or (dtype == jnp.uint32 and key.shape == (2,))
+    ):
+        return key
+    raise TypeError(
+        f"`{name}` must be a jax.random key (e.g. `jax.random.key(0)`) or an int seed; got {key!r:.80}."
+    )

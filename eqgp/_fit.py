@@ -73,6 +73,12 @@ def fit(
     """
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
         raise ValueError(f"`steps` must be a non-negative int; got {steps!r}.")
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((model, args))):
+        raise TypeError(
+            "eqgp.fit cannot run under jit, vmap or grad: it is a Python loop around a compiled step "
+            "(and stops, keeping the model, on a failed step). Call it outside any transformation; to "
+            "compile a whole training run, write the loop yourself with `jax.lax.scan` over your own step."
+        )
     if not isinstance(optimizer, optax.GradientTransformation):
         hint = " (a factory: call it, e.g. `optax.adam(1e-2)`)" if callable(optimizer) else ""
         raise TypeError(f"`optimizer` must be an optax.GradientTransformation; got {optimizer!r:.80}{hint}.")

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._checks import as_points
+from ._checks import as_key, as_points
 from ._gram import _operator_diag, _operator_gram
 from ._jit import jit
 from ._kernels import AbstractKernel
@@ -117,7 +117,7 @@ class GaussianProcess(eqx.Module):
         return prior(self.kernel, self.mean, self._noise_for(obs), obs)
 
     @jit
-    def log_marginal_likelihood(self, obs: Observations, key: PRNGKeyArray | None = None) -> Float[Array, ""]:
+    def log_marginal_likelihood(self, obs: Observations, key: PRNGKeyArray | int | None = None) -> Float[Array, ""]:
         """The log marginal likelihood `log p(obs | model)`: exact with `Cholesky`, a
         stochastic estimate with `ConjugateGradient` (whose probes `key` seeds).
 
@@ -130,15 +130,17 @@ class GaussianProcess(eqx.Module):
         - `obs`: an `eqgp.Observations`.
         - `key`: a `jax.random` key for stochastic solvers; `None` uses a fixed one.
         """
+        key = as_key("key", key)
         cov, r = self._prior(obs)
         return self.solver.log_marginal_likelihood(cov, r, key)
 
     @jit
-    def condition(self, obs: Observations, key: PRNGKeyArray | None = None) -> "Posterior":
+    def condition(self, obs: Observations, key: PRNGKeyArray | int | None = None) -> "Posterior":
         """The posterior given `obs`: predictive means, variances, covariances and samples
         of any operator (values, gradients, ...) of the latent function at new points.
 
         **Arguments:** `obs`, an `eqgp.Observations`; `key` as in `log_marginal_likelihood`."""
+        key = as_key("key", key)
         cov, r = self._prior(obs)
         state = self.solver.init(cov, key)
         alpha = self.solver.solve(state, r)
@@ -239,7 +241,7 @@ class Posterior(eqx.Module):
         return cov + jnp.diag(jnp.broadcast_to(self._noise(noise_group, X.shape[0], operator), (cov.shape[0],)))
 
     @jit
-    def update(self, obs: Observations, key: PRNGKeyArray | None = None) -> "Posterior":
+    def update(self, obs: Observations, key: PRNGKeyArray | int | None = None) -> "Posterior":
         """The posterior given this one's observations and the new `obs` (appended as further
         groups), reusing the work done for this one.
 
@@ -269,6 +271,7 @@ class Posterior(eqx.Module):
             raise ValueError(f"`obs` must have D = {self.obs.dim} like the conditioned observations; got {obs.dim}.")
         if obs.groups[0].X.dtype != self.alpha.dtype:
             raise TypeError(f"`obs` must have dtype {self.alpha.dtype} like the conditioned observations.")
+        key = as_key("key", key)
         combined = Observations(*self.obs.groups, *obs.groups)
         cov, r = self.gp._prior(combined)
         solver = self.gp.solver
@@ -278,7 +281,7 @@ class Posterior(eqx.Module):
     @jit
     def sample(
         self,
-        key: PRNGKeyArray,
+        key: PRNGKeyArray | int,
         X: Float[Array | np.ndarray, "N D"],
         operator: AbstractOperator = Value(),
         num_samples: int = 1,
@@ -289,7 +292,11 @@ class Posterior(eqx.Module):
 
         The predictive covariance is factorised with `jitter` times the mean of its
         diagonal added (as `eqgp.Cholesky`), retrying with tenfold jitter where that fails
-        (at observed points it is nearly singular), with a warning saying what it needed."""
+        (at observed points it is nearly singular), with a warning saying what it needed.
+        `key`: a `jax.random` key or an int seed."""
+        key = as_key("key", key)
+        if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
+            raise ValueError(f"`num_samples` must be an int >= 1; got {num_samples!r}.")
         mean = self.mean(X, operator)
         cov = self.covariance(X, operator)
         n = cov.shape[0]

@@ -177,6 +177,15 @@ class Directional(AbstractOperator):
             v = v[None]
         if v.ndim != 2:
             raise ValueError(f"`v` must have shape (D,) or (K, D); got {tuple(v.shape)}.")
+        if not isinstance(v, jax.core.Tracer):
+            norms = np.linalg.norm(np.asarray(v), axis=1)
+            if not np.all(np.isfinite(norms)):
+                raise ValueError(f"`v` must be finite; got {v}.")
+            if np.any(norms == 0):
+                raise ValueError(
+                    f"`v` holds a zero direction (row(s) {np.flatnonzero(norms == 0).tolist()}): its observations "
+                    "would be pure noise. Give non-zero directions."
+                )
         self.directions = v
 
     def size(self, dim: int) -> int:

@@ -14,7 +14,8 @@ PUBLIC = {
         "Directional", "FitError", "GaussianProcess", "Gradient", "Hessian", "ObservationGroup", "Observations",
         "Partial", "Posterior", "StructuredGradients", "Value", "ValueAndGradient", "ZeroMean", "compiler_options",
         "expected_improvement", "fit", "gradient_gram", "gram", "kernels", "log_expected_improvement",
-        "log_marginal_likelihood", "maximize_acquisition", "nn", "operator_diag", "operator_gram", "ops",
+        "load", "log_marginal_likelihood", "maximize_acquisition", "nn", "operator_diag", "operator_gram", "ops",
+        "save",
         "upper_confidence_bound",
     ],
     "eqgp.kernels": [

@@ -25,7 +25,16 @@ def test_every_tutorial_and_the_readme_have_code():
     assert len([p for p in counts if p.startswith("docs/tutorials/")]) >= 6, counts
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)], ids=lambda p: p.relative_to(ROOT).as_posix())
+# Pages whose code trains for a while: run in CI's slow stage (`pytest -m slow`).
+SLOW_PAGES = {"docs/tutorials/bayesian_optimisation.md", "docs/tutorials/large_scale.md"}
+
+
+def _param(page):
+    name = page.relative_to(ROOT).as_posix()
+    return pytest.param(page, id=name, marks=[pytest.mark.slow] if name in SLOW_PAGES else [])
+
+
+@pytest.mark.parametrize("page", [_param(p) for p in PAGES if python_blocks(p)])
 def test_python_blocks_run(page, tmp_path):
     code = "\n\n".join(python_blocks(page))
     env = {**os.environ, "MPLBACKEND": "Agg"}

@@ -5,6 +5,7 @@ import pathlib
 import sys
 
 import numpy as np
+import pytest
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 
@@ -20,6 +21,7 @@ def _load(name: str):
     return module
 
 
+@pytest.mark.slow
 def test_bayesian_optimisation_study_small_setting():
     bo = _load("bayesian_optimisation")
     branin = bo.PROBLEMS[0]

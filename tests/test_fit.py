@@ -128,7 +128,7 @@ def test_keyboard_interrupt_returns_what_was_trained():
     assert not eqx.tree_equal(model, gp0)
 
 
-@pytest.mark.parametrize("kind", ["values_1d", "gradients_3d"])
+@pytest.mark.parametrize("kind", ["values_1d", pytest.param("gradients_3d", marks=pytest.mark.slow)])
 def test_float32_training_survives_and_matches_float64(kind):
     """2 000 Adam steps in float32 do not fail (the noise floor keeps the factorisation
     alive) and predict within 2e-2 of the same training in float64."""

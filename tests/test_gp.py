@@ -181,6 +181,7 @@ def post_ok(post, X):
     return m.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(m)))
 
 
+@pytest.mark.slow  # ~20s on 2 cores: CI's slow stage
 def test_update_equals_a_fresh_condition():
     f = lambda x: jnp.sin(2 * x[0]) * jnp.cos(x[1])  # noqa: E731
     X = jax.random.uniform(jax.random.key(0), (10, 2), jnp.float64, -1, 1)

@@ -39,6 +39,7 @@ def test_cg_likelihood_and_gradient_match_cholesky():
         assert_close(b, a, rtol=0.05)
 
 
+@pytest.mark.slow  # ~15s on 2 cores: CI's slow stage
 def test_cg_posterior_matches_cholesky():
     X, obs = _problem(200)
     exact, cg = _pair(eqgp.ConjugateGradient(rtol=1e-10, preconditioner_rank=50))
@@ -96,6 +97,7 @@ def test_cg_warm_start_is_used():
         jax.effects_barrier()
 
 
+@pytest.mark.slow  # ~11s on 2 cores: CI's slow stage
 def test_cg_float32():
     X, obs = _problem(60, dtype=jnp.float32)
     k = kernels.RBF(1.0)
@@ -109,6 +111,7 @@ def test_cg_float32():
     assert_close(m, exact.condition(obs).mean(X[:5]), rtol=1e-2, atol=1e-3)
 
 
+@pytest.mark.slow  # ~12s on 2 cores: CI's slow stage
 def test_cg_key_changes_probes_only_in_the_estimate():
     _, obs = _problem(100)
     _, gp = _pair(eqgp.ConjugateGradient(num_probes=4, preconditioner_rank=10))

@@ -50,7 +50,9 @@ def test_structure_rebuilds_the_dense_covariance():
     assert_close(A + U @ C @ U.T, cov.as_matrix(), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", sorted(KERNELS))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in ("rq_ard", "matern32_ard") else n for n in sorted(KERNELS)]
+)
 def test_likelihood_gradient_and_posterior_match_cholesky(name):
     N, D = 7, 5
     obs = _obs(N, D)
@@ -67,6 +69,7 @@ def test_likelihood_gradient_and_posterior_match_cholesky(name):
     assert_close(p2.covariance(Xs), p1.covariance(Xs), rtol=1e-8, atol=1e-12)
 
 
+@pytest.mark.slow  # ~30s on 2 cores: CI's slow stage
 def test_values_and_other_observations_by_schur_complement():
     # Values at the gradient points (ValueAndGradient), values elsewhere before or after the
     # gradient group, and a partial-derivative group: all rows besides the gradient block are
