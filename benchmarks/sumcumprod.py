@@ -110,9 +110,7 @@ def bench(dtype):
         f"[{name}] associative_scan {t_assoc * 1e3:8.1f} ms ({assoc_speedup:5.1f}x native)"
         f" | lax.scan {t_scan * 1e3:8.1f} ms ({scan_speedup:5.1f}x native)"
     )
-    print(
-        f"[{name}] grad of sum/copy {show(ratio['grad'])} (forward, the broadcast cotangent, the fused backward)"
-    )
+    print(f"[{name}] grad of sum/copy {show(ratio['grad'])} (forward, the broadcast cotangent, the fused backward)")
     print(f"[{name}] value_and_grad of sum (fwd+bwd)/copy {show(ratio['value_and_grad'])}")
     print(f"[{name}] vjp with a given cotangent (bwd only)/copy {show(ratio['vjp'])}")
     print(f"[{name}] XLA's own grad of sum(x * x), one fused pass into a fresh buffer, /copy {show(ratio['xla_grad'])}")

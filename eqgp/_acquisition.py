@@ -26,8 +26,7 @@ _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 def _check_posterior(posterior) -> None:
     if isinstance(posterior, GaussianProcess):
         raise TypeError(
-            "`posterior` must be an eqgp.Posterior; got a GaussianProcess. Condition it first: "
-            "`gp.condition(obs)`."
+            "`posterior` must be an eqgp.Posterior; got a GaussianProcess. Condition it first: `gp.condition(obs)`."
         )
     if not isinstance(posterior, Posterior):
         raise TypeError(
@@ -186,8 +185,10 @@ def maximize_acquisition(
         learning_rate = eqx.error_if(
             learning_rate, ~(learning_rate > 0) | ~jnp.isfinite(learning_rate), "`learning_rate` must be positive."
         )
-    elif isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float, np.number)) or not (
-        0 < float(learning_rate) < math.inf
+    elif (
+        isinstance(learning_rate, bool)
+        or not isinstance(learning_rate, (int, float, np.number))
+        or not (0 < float(learning_rate) < math.inf)
     ):
         raise ValueError(f"`learning_rate` must be a positive finite number; got {learning_rate!r}.")
     dtype = jnp.result_type(lower.dtype, upper.dtype, float)

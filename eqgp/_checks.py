@@ -57,6 +57,4 @@ def as_key(name: str, key):
         jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) or (dtype == jnp.uint32 and key.shape == (2,))
     ):
         return key
-    raise TypeError(
-        f"`{name}` must be a jax.random key (e.g. `jax.random.key(0)`) or an int seed; got {key!r:.80}."
-    )
+    raise TypeError(f"`{name}` must be a jax.random key (e.g. `jax.random.key(0)`) or an int seed; got {key!r:.80}.")

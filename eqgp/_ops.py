@@ -377,4 +377,3 @@ def sumcumprod_reference(
     if x.dtype in _HALF_DTYPES:
         return sumcumprod_reference(x.astype(jnp.float32), axis, reverse).astype(x.dtype)
     return _along(lambda v: linear_recurrence_reference(v, v, reverse=bool(reverse)), x, _axis(x, axis))
-

@@ -221,14 +221,34 @@ def invalid_cases():
     for bad in [np.ones(3, np.int32), np.ones(3, np.complex64), np.float32(1.0), "x", np.ones(3, np.int8)]:
         cases.append((f"sumcumprod {bad!r}", lambda bad=bad: sumcumprod(bad), r"`x`"))
     cases.append(("sumcumprod axis 1.0", lambda: sumcumprod(np.ones((2, 3)), axis=1.0), r"`axis` must be an int"))
-    cases.append(("sumcumprod reverse 'yes'", lambda: sumcumprod(np.ones(3), reverse="yes"), r"`reverse` must be a Python bool"))
+    cases.append(
+        ("sumcumprod reverse 'yes'", lambda: sumcumprod(np.ones(3), reverse="yes"), r"`reverse` must be a Python bool")
+    )
     # Solvers and optimisers given as classes, factories or strings.
     for bad in [eqgp.Cholesky, "cg", None.__class__]:
         cases.append((f"solver {bad!r}", lambda bad=bad: eqgp.GaussianProcess(kernels.RBF(), solver=bad), r"`solver`"))
-    cases.append(("fit compiler_options list", lambda: eqgp.fit(gp, lambda m: 0.0, optax.adam(1e-2), 1, compiler_options=["x"]), r"`compiler_options` must be None or a dict"))
+    cases.append(
+        (
+            "fit compiler_options list",
+            lambda: eqgp.fit(gp, lambda m: 0.0, optax.adam(1e-2), 1, compiler_options=["x"]),
+            r"`compiler_options` must be None or a dict",
+        )
+    )
     cov = eqgp.Covariance(kernels.RBF(), ((eqgp.Value(), jnp.asarray(X)),), jnp.full(4, 0.1))
-    cases.append(("likelihood solver class", lambda: eqgp.log_marginal_likelihood(cov, jnp.zeros(4), eqgp.Cholesky), r"`solver` must be an eqgp solver instance"))
-    cases.append(("likelihood cov matrix", lambda: eqgp.log_marginal_likelihood(np.eye(4), jnp.zeros(4), eqgp.Cholesky()), r"`cov` must be an eqgp.Covariance"))
+    cases.append(
+        (
+            "likelihood solver class",
+            lambda: eqgp.log_marginal_likelihood(cov, jnp.zeros(4), eqgp.Cholesky),
+            r"`solver` must be an eqgp solver instance",
+        )
+    )
+    cases.append(
+        (
+            "likelihood cov matrix",
+            lambda: eqgp.log_marginal_likelihood(np.eye(4), jnp.zeros(4), eqgp.Cholesky()),
+            r"`cov` must be an eqgp.Covariance",
+        )
+    )
     cases.append(("fit optimizer factory", lambda: eqgp.fit(gp, lambda m: 0.0, optax.adam, 1), r"`optimizer`.*call it"))
     cases.extend(_round2_cases(X, y, G, gp, post))
     return cases
@@ -252,67 +272,205 @@ def _round2_cases(X, y, G, gp, post):
         (np.zeros((2, 2)), np.ones((2, 2)), "2-D box"),
     ]:
         pattern = r"`lower` and `upper` must|`lower` must be below"
-        cases.append((f"maximize box {what}", lambda a=lower, b=upper: eqgp.maximize_acquisition(ei, a, b, key), pattern))
+        cases.append(
+            (f"maximize box {what}", lambda a=lower, b=upper: eqgp.maximize_acquisition(ei, a, b, key), pattern)
+        )
     for name, kw in [
-        ("learning_rate", dict(learning_rate=-0.1)), ("learning_rate", dict(learning_rate=0.0)),
-        ("learning_rate", dict(learning_rate=np.nan)), ("learning_rate", dict(learning_rate=np.inf)),
-        ("learning_rate", dict(learning_rate="0.1")), ("num_starts", dict(num_starts=0)),
-        ("num_starts", dict(num_starts=2.5)), ("num_starts", dict(num_starts=True)), ("steps", dict(steps=-1)),
+        ("learning_rate", dict(learning_rate=-0.1)),
+        ("learning_rate", dict(learning_rate=0.0)),
+        ("learning_rate", dict(learning_rate=np.nan)),
+        ("learning_rate", dict(learning_rate=np.inf)),
+        ("learning_rate", dict(learning_rate="0.1")),
+        ("num_starts", dict(num_starts=0)),
+        ("num_starts", dict(num_starts=2.5)),
+        ("num_starts", dict(num_starts=True)),
+        ("steps", dict(steps=-1)),
         ("steps", dict(steps=1.5)),
     ]:
         cases.append((f"maximize {kw!r}", lambda kw=kw: eqgp.maximize_acquisition(ei, lo, hi, key, **kw), f"`{name}`"))
-    cases.append(("maximize acquisition scalar", lambda: eqgp.maximize_acquisition(lambda X_: jnp.sum(X_), lo, hi, key, steps=2), r"`acquisition` must return one value per point"))
-    cases.append(("maximize acquisition (N, 1)", lambda: eqgp.maximize_acquisition(lambda X_: X_[:, :1], lo, hi, key, steps=2), r"`acquisition` must return one value per point"))
-    cases.append(("maximize acquisition not callable", lambda: eqgp.maximize_acquisition("ei", lo, hi, key), r"`acquisition` must be a function"))
-    cases.append(("maximize acquisition NaN everywhere", lambda: eqgp.maximize_acquisition(lambda X_: jnp.full(X_.shape[0], jnp.nan), lo, hi, key, steps=2)[1].block_until_ready(), r"NaN or -inf at every start"))
+    cases.append(
+        (
+            "maximize acquisition scalar",
+            lambda: eqgp.maximize_acquisition(lambda X_: jnp.sum(X_), lo, hi, key, steps=2),
+            r"`acquisition` must return one value per point",
+        )
+    )
+    cases.append(
+        (
+            "maximize acquisition (N, 1)",
+            lambda: eqgp.maximize_acquisition(lambda X_: X_[:, :1], lo, hi, key, steps=2),
+            r"`acquisition` must return one value per point",
+        )
+    )
+    cases.append(
+        (
+            "maximize acquisition not callable",
+            lambda: eqgp.maximize_acquisition("ei", lo, hi, key),
+            r"`acquisition` must be a function",
+        )
+    )
+    cases.append(
+        (
+            "maximize acquisition NaN everywhere",
+            lambda: eqgp.maximize_acquisition(lambda X_: jnp.full(X_.shape[0], jnp.nan), lo, hi, key, steps=2)[
+                1
+            ].block_until_ready(),
+            r"NaN or -inf at every start",
+        )
+    )
     for bad in ["key", 1.5, np.ones(3, np.float32)]:
-        cases.append((f"maximize key {bad!r}", lambda bad=bad: eqgp.maximize_acquisition(ei, lo, hi, bad), r"`key` must be a jax.random key"))
+        cases.append(
+            (
+                f"maximize key {bad!r}",
+                lambda bad=bad: eqgp.maximize_acquisition(ei, lo, hi, bad),
+                r"`key` must be a jax.random key",
+            )
+        )
     # Acquisitions: the posterior, the incumbent, beta, maximize.
     for fn in [eqgp.expected_improvement, eqgp.log_expected_improvement]:
         label = fn.__name__
-        cases.append((f"{label} on a GaussianProcess", lambda fn=fn: fn(gp, X, 0.0), r"`posterior` must be an eqgp.Posterior; got a GaussianProcess"))
+        cases.append(
+            (
+                f"{label} on a GaussianProcess",
+                lambda fn=fn: fn(gp, X, 0.0),
+                r"`posterior` must be an eqgp.Posterior; got a GaussianProcess",
+            )
+        )
         cases.append((f"{label} on None", lambda fn=fn: fn(None, X, 0.0), r"`posterior` must be an eqgp.Posterior"))
         for best in [np.nan, np.inf, -np.inf]:
-            cases.append((f"{label} best_f {best}", lambda fn=fn, best=best: fn(post, X, best).block_until_ready(), r"`best_f` must be finite"))
+            cases.append(
+                (
+                    f"{label} best_f {best}",
+                    lambda fn=fn, best=best: fn(post, X, best).block_until_ready(),
+                    r"`best_f` must be finite",
+                )
+            )
         cases.append((f"{label} best_f (2,)", lambda fn=fn: fn(post, X, np.zeros(2)), r"`best_f` must be a scalar"))
         cases.append((f"{label} best_f 'x'", lambda fn=fn: fn(post, X, "x"), r"`best_f` must be a number"))
         for m in ["min", 1, None]:
-            cases.append((f"{label} maximize {m!r}", lambda fn=fn, m=m: fn(post, X, 0.0, maximize=m), r"`maximize` must be a bool"))
+            cases.append(
+                (
+                    f"{label} maximize {m!r}",
+                    lambda fn=fn, m=m: fn(post, X, 0.0, maximize=m),
+                    r"`maximize` must be a bool",
+                )
+            )
     for beta in [-1.0, np.nan, np.inf]:
-        cases.append((f"ucb beta {beta}", lambda beta=beta: eqgp.upper_confidence_bound(post, X, beta).block_until_ready(), r"`beta` must be finite and >= 0"))
-    cases.append(("ucb beta (2,)", lambda: eqgp.upper_confidence_bound(post, X, np.ones(2)), r"`beta` must be a scalar"))
-    cases.append(("ucb maximize 'yes'", lambda: eqgp.upper_confidence_bound(post, X, maximize="yes"), r"`maximize` must be a bool"))
-    cases.append(("ucb on a GaussianProcess", lambda: eqgp.upper_confidence_bound(gp, X), r"`posterior` must be an eqgp.Posterior"))
+        cases.append(
+            (
+                f"ucb beta {beta}",
+                lambda beta=beta: eqgp.upper_confidence_bound(post, X, beta).block_until_ready(),
+                r"`beta` must be finite and >= 0",
+            )
+        )
+    cases.append(
+        ("ucb beta (2,)", lambda: eqgp.upper_confidence_bound(post, X, np.ones(2)), r"`beta` must be a scalar")
+    )
+    cases.append(
+        (
+            "ucb maximize 'yes'",
+            lambda: eqgp.upper_confidence_bound(post, X, maximize="yes"),
+            r"`maximize` must be a bool",
+        )
+    )
+    cases.append(
+        (
+            "ucb on a GaussianProcess",
+            lambda: eqgp.upper_confidence_bound(gp, X),
+            r"`posterior` must be an eqgp.Posterior",
+        )
+    )
     # Solver settings.
     for kw, name in [
-        (dict(rtol=2.0), "rtol"), (dict(rtol=1.0), "rtol"), (dict(rtol=0.0), "rtol"), (dict(rtol="1e-6"), "rtol"),
-        (dict(rtol=np.nan), "rtol"), (dict(atol=-1.0), "atol"), (dict(atol=np.inf), "atol"), (dict(shard="yes"), "shard"),
-        (dict(num_lanczos=0), "num_lanczos"), (dict(preconditioner_rank=-1), "preconditioner_rank"),
-        (dict(preconditioner_rank=2.0), "preconditioner_rank"), (dict(tile_bytes=0), "tile_bytes"), (dict(max_steps=True), "max_steps"),
+        (dict(rtol=2.0), "rtol"),
+        (dict(rtol=1.0), "rtol"),
+        (dict(rtol=0.0), "rtol"),
+        (dict(rtol="1e-6"), "rtol"),
+        (dict(rtol=np.nan), "rtol"),
+        (dict(atol=-1.0), "atol"),
+        (dict(atol=np.inf), "atol"),
+        (dict(shard="yes"), "shard"),
+        (dict(num_lanczos=0), "num_lanczos"),
+        (dict(preconditioner_rank=-1), "preconditioner_rank"),
+        (dict(preconditioner_rank=2.0), "preconditioner_rank"),
+        (dict(tile_bytes=0), "tile_bytes"),
+        (dict(max_steps=True), "max_steps"),
     ]:
         cases.append((f"ConjugateGradient {kw!r}", lambda kw=kw: eqgp.ConjugateGradient(**kw), f"`{name}`"))
-    for kw, name in [(dict(jitter=np.nan), "jitter"), (dict(jitter="1e-6"), "jitter"), (dict(jitter=True), "jitter"), (dict(max_tries=True), "max_tries")]:
+    for kw, name in [
+        (dict(jitter=np.nan), "jitter"),
+        (dict(jitter="1e-6"), "jitter"),
+        (dict(jitter=True), "jitter"),
+        (dict(max_tries=True), "max_tries"),
+    ]:
         cases.append((f"Cholesky {kw!r}", lambda kw=kw: eqgp.Cholesky(**kw), f"`{name}`"))
     # Keys.
     for bad in ["key", 1.5, np.ones(3, np.float32), np.ones(2, np.int32)]:
-        cases.append((f"condition key {bad!r}", lambda bad=bad: gp.condition(obs, key=bad), r"`key` must be a jax.random key"))
+        cases.append(
+            (f"condition key {bad!r}", lambda bad=bad: gp.condition(obs, key=bad), r"`key` must be a jax.random key")
+        )
     cases.append(("sample key 'k'", lambda: post.sample("k", X), r"`key` must be a jax.random key"))
-    cases.append(("sample num_samples 0", lambda: post.sample(key, X, num_samples=0), r"`num_samples` must be an int >= 1"))
+    cases.append(
+        ("sample num_samples 0", lambda: post.sample(key, X, num_samples=0), r"`num_samples` must be an int >= 1")
+    )
     # Posterior.update.
     structured = eqgp.GaussianProcess(kernels.RBF(), noise=1e-2, solver=eqgp.StructuredGradients())
     spost = structured.condition(eqgp.Observations.gradients(X, G))
-    cases.append(("update with StructuredGradients", lambda: spost.update(eqgp.Observations.gradients(X + 0.1, G)), r"StructuredGradients cannot extend"))
-    cases.append(("update obs not Observations", lambda: post.update((eqgp.Value(), X, y)), r"`obs` must be an eqgp.Observations"))
-    cases.append(("update D mismatch", lambda: post.update(eqgp.Observations.values(np.ones((2, 3)), np.ones(2))), r"`obs` must have D = 2"))
-    cases.append(("update dtype mismatch", lambda: post.update(eqgp.Observations.values(np.ones((2, 2), np.float32), np.ones(2, np.float32))), r"`obs` must have dtype float64"))
+    cases.append(
+        (
+            "update with StructuredGradients",
+            lambda: spost.update(eqgp.Observations.gradients(X + 0.1, G)),
+            r"StructuredGradients cannot extend",
+        )
+    )
+    cases.append(
+        (
+            "update obs not Observations",
+            lambda: post.update((eqgp.Value(), X, y)),
+            r"`obs` must be an eqgp.Observations",
+        )
+    )
+    cases.append(
+        (
+            "update D mismatch",
+            lambda: post.update(eqgp.Observations.values(np.ones((2, 3)), np.ones(2))),
+            r"`obs` must have D = 2",
+        )
+    )
+    cases.append(
+        (
+            "update dtype mismatch",
+            lambda: post.update(eqgp.Observations.values(np.ones((2, 2), np.float32), np.ones(2, np.float32))),
+            r"`obs` must have dtype float64",
+        )
+    )
     # Structured with a kernel whose process has no gradients.
     rough = eqgp.GaussianProcess(kernels.Matern12(), noise=1e-2, solver=eqgp.StructuredGradients())
-    cases.append(("StructuredGradients Matern12", lambda: rough.log_marginal_likelihood(eqgp.Observations.gradients(X, G)), r"kernel Matern12 is only 0 time"))
+    cases.append(
+        (
+            "StructuredGradients Matern12",
+            lambda: rough.log_marginal_likelihood(eqgp.Observations.gradients(X, G)),
+            r"kernel Matern12 is only 0 time",
+        )
+    )
     # Directions.
-    cases.append(("Directional zero row", lambda: eqgp.Directional(np.array([[1.0, 0.0], [0.0, 0.0]])), r"`v` holds a zero direction \(row\(s\) \[1\]\)"))
+    cases.append(
+        (
+            "Directional zero row",
+            lambda: eqgp.Directional(np.array([[1.0, 0.0], [0.0, 0.0]])),
+            r"`v` holds a zero direction \(row\(s\) \[1\]\)",
+        )
+    )
     cases.append(("Directional NaN", lambda: eqgp.Directional(np.array([1.0, np.nan])), r"`v` must be finite"))
     # fit under a trace.
-    cases.append(("fit under jit", lambda: jax.jit(lambda m: eqgp.fit(m, lambda m: 0.0, optax.adam(1e-2), 1)[1])(gp), r"eqgp.fit cannot run under jit"))
+    cases.append(
+        (
+            "fit under jit",
+            lambda: jax.jit(lambda m: eqgp.fit(m, lambda m: 0.0, optax.adam(1e-2), 1)[1])(gp),
+            r"eqgp.fit cannot run under jit",
+        )
+    )
+
     # Saving into another structure.
     def load_into(like):
         import os
@@ -322,7 +480,25 @@ def _round2_cases(X, y, G, gp, post):
         eqgp.save(path, gp)
         return eqgp.load(path, like)
 
-    cases.append(("load into Matern52", lambda: load_into(eqgp.GaussianProcess(kernels.Matern52(), noise=1e-2)), r"`like` does not have the structure"))
-    cases.append(("load into ARD", lambda: load_into(eqgp.GaussianProcess(kernels.RBF([1.0, 2.0]), noise=1e-2)), r"`like`'s array 0 has shape \(2,\)"))
-    cases.append(("load into two noises", lambda: load_into(eqgp.GaussianProcess(kernels.RBF(), noise=[1e-2, 1e-2])), r"`like` does not have the structure"))
+    cases.append(
+        (
+            "load into Matern52",
+            lambda: load_into(eqgp.GaussianProcess(kernels.Matern52(), noise=1e-2)),
+            r"`like` does not have the structure",
+        )
+    )
+    cases.append(
+        (
+            "load into ARD",
+            lambda: load_into(eqgp.GaussianProcess(kernels.RBF([1.0, 2.0]), noise=1e-2)),
+            r"`like`'s array 0 has shape \(2,\)",
+        )
+    )
+    cases.append(
+        (
+            "load into two noises",
+            lambda: load_into(eqgp.GaussianProcess(kernels.RBF(), noise=[1e-2, 1e-2])),
+            r"`like` does not have the structure",
+        )
+    )
     return cases

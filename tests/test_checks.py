@@ -72,9 +72,7 @@ _RUNNER = textwrap.dedent(
 
 def test_every_invalid_input_gets_eqgps_own_message_without_the_jaxtyping_hook():
     tests = str(pathlib.Path(__file__).parent)
-    out = subprocess.run(
-        [sys.executable, "-c", _RUNNER, tests], capture_output=True, text=True, timeout=600, cwd=tests
-    )
+    out = subprocess.run([sys.executable, "-c", _RUNNER, tests], capture_output=True, text=True, timeout=600, cwd=tests)
     assert out.returncode == 0, out.stderr[-3000:]
     head, _, failures = out.stdout.partition("\n")
     assert int(head.split()[1]) >= 150

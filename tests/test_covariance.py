@@ -52,7 +52,12 @@ def _cov(kernel, groups):
 
 @pytest.mark.parametrize(
     "kernel, tile_bytes",  # one point per tile, a few tiles, one tile
-    [pytest.param(KERNELS[0], 2**14, marks=pytest.mark.slow), (KERNELS[1], 2**20), (KERNELS[2], 2**28), (KERNELS[3], 2**28)],
+    [
+        pytest.param(KERNELS[0], 2**14, marks=pytest.mark.slow),
+        (KERNELS[1], 2**20),
+        (KERNELS[2], 2**28),
+        (KERNELS[3], 2**28),
+    ],
 )
 def test_product_equals_dense_gram_for_every_operator(kernel, tile_bytes):
     groups = _groups(jax.random.key(0))

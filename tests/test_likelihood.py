@@ -40,11 +40,15 @@ def test_value_and_gradient_match_the_dense_density(solver, rtol):
     ref = eqx.filter_jit(eqx.filter_value_and_grad(lambda args: _dense(*args)))
     (v, g), (v_ref, g_ref) = f((cov, r)), ref((cov, r))
     assert_close(v, v_ref, rtol=rtol)
+
     # The noise is shared per gradient component (StructuredGradients requires it, and reads one
     # entry per component): compare its cotangent summed per component and over the values.
-    per_component = lambda c: eqx.tree_at(  # noqa: E731
-        lambda c: c[0].noise, c, jnp.concatenate([c[0].noise[:15].reshape(3, 5).sum(1), c[0].noise[15:].sum()[None]])
-    )
+    def per_component(c):
+        noise = c[0].noise
+        return eqx.tree_at(
+            lambda c: c[0].noise, c, jnp.concatenate([noise[:15].reshape(3, 5).sum(1), noise[15:].sum()[None]])
+        )
+
     leaves, ref_leaves = jax.tree.leaves(per_component(g)), jax.tree.leaves(per_component(g_ref))
     assert len(leaves) == len(ref_leaves) == 6  # lengthscale, variance, two point sets, noise, residual
     for a, b in zip(leaves, ref_leaves):
