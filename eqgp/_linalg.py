@@ -29,6 +29,14 @@ NOT_PD = not_pd(
     "(`eqgp.Cholesky(max_tries=3)`) or raise the noise (`noise_floor`).",
 )
 
+INDEFINITE = (
+    "eqgp: the Cholesky factorisation of the observation covariance failed because the matrix is "
+    "indefinite (an eigenvalue below -100 sqrt(eps) times its mean diagonal): no jitter can fix that. "
+    "The kernel is not positive semi-definite: a user-written kernel, or a combination that is not a "
+    "covariance (a difference of kernels, a negative scale). Check `eqgp.gram(kernel, X, X)` on a few points: "
+    "its eigenvalues must be >= 0."
+)
+
 # First jitter of the retries when none is given (times the scale: the mean of the diagonal).
 _FIRST_JITTER = {jnp.dtype(jnp.float32): 1e-6, jnp.dtype(jnp.float64): 1e-8}
 
@@ -43,12 +51,16 @@ def _report(jitter, needed, ok):
         )
 
 
-def cholesky(A: Array, jitter: float, max_tries: int = 0, message: str = NOT_PD, scale=None) -> Array:
+def cholesky(
+    A: Array, jitter: float, max_tries: int = 0, message: str = NOT_PD, scale=None, indefinite: str | None = None
+) -> Array:
     """The lower Cholesky factor of `A + j * scale * I` with `j = jitter` and `scale` by default
     `mean(diag A)`; or, with
     `max_tries > 0` and where that fails, with `j` growing tenfold per try (from `jitter`, or
     1e-6 / 1e-8 for float32 / float64), as GPyTorch's `psd_safe_cholesky`. The jitter a retry
-    needed is reported by a warning (also under `jit`). Failure: an `eqx.error_if` error."""
+    needed is reported by a warning (also under `jit`). Failure: an `eqx.error_if` error, with
+    the `indefinite` message (if given) where `A` has an eigenvalue below `-100 sqrt(eps)
+    scale` (computed only after a failure), else `message`."""
     n = A.shape[0]
     if n == 0:
         return A
@@ -79,7 +91,18 @@ def cholesky(A: Array, jitter: float, max_tries: int = 0, message: str = NOT_PD,
         _, used, tries = jax.lax.while_loop(cond, body, (jax.lax.stop_gradient(L), jnp.asarray(jitter, A.dtype), 0))
         L = jax.lax.cond(tries == 0, lambda: L, lambda: factor(used))
         jax.debug.callback(_report, used, tries > 0, ~failed(L))
-    return eqx.error_if(L, failed(L), message)
+    bad = failed(L)
+    if indefinite is not None:
+        # Why it failed: indefinite beyond jitter's reach, or merely ill-conditioned. The
+        # eigenvalues are computed on the failure branch only (both run under a batching vmap).
+        tol = -100 * jnp.sqrt(jnp.finfo(A.dtype).eps) * jax.lax.stop_gradient(scale)
+        lowest = jax.lax.cond(
+            bad,
+            lambda: jnp.linalg.eigvalsh(jax.lax.stop_gradient(A))[0],
+            lambda: jnp.zeros((), A.dtype),
+        )
+        L = eqx.error_if(L, bad & (lowest < tol), indefinite)
+    return eqx.error_if(L, bad, message)
 
 
 def _generic(L):

@@ -40,4 +40,5 @@ from hypothesis import settings  # noqa: E402
 
 settings.register_profile("ci", max_examples=100, deadline=None, derandomize=True)
 settings.register_profile("long", max_examples=1000, deadline=None)
+settings.register_profile("dev", max_examples=10, deadline=None)  # a quick local run: a tenth of the examples
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -26,7 +26,11 @@ def test_every_tutorial_and_the_readme_have_code():
 
 
 # Pages whose code trains for a while: run in CI's slow stage (`pytest -m slow`).
-SLOW_PAGES = {"docs/tutorials/bayesian_optimisation.md", "docs/tutorials/large_scale.md"}
+SLOW_PAGES = {
+    "docs/tutorials/bayesian_optimisation.md",
+    "docs/tutorials/large_scale.md",
+    "docs/tutorials/observations.md",
+}
 
 
 def _param(page):

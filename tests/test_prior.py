@@ -26,6 +26,12 @@ def test_group_noise_is_component_major_model_plus_known():
     # Model noise one per output (value, d/dx0, d/dx1), known noise one per output.
     assert_close(group_noise(jnp.array([1.0, 2.0, 3.0]), g0), jnp.repeat(jnp.array([1.1, 2.2, 3.3]), 3), rtol=1e-15)
     assert_close(group_noise(jnp.asarray(1.0), g1), jnp.array([6.0, 7.0]), rtol=1e-15)
+    # Known noise one per target (N, P): its rows follow the targets' component-major order.
+    X = jnp.array([[0.0, 1.0], [0.5, -0.5]])
+    known = jnp.array([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]])
+    (g2,) = eqgp.Observations((eqgp.ValueAndGradient(), X, jnp.zeros((2, 3)), known)).groups
+    want = jnp.array([1.1, 1.4, 2.2, 2.5, 3.3, 3.6])  # value noise of both points, then d/dx0's, d/dx1's
+    assert_close(group_noise(jnp.array([1.0, 2.0, 3.0]), g2), want, rtol=1e-15)
 
 
 def test_noise_per_group_shares_one_entry_and_checks_shapes():

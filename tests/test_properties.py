@@ -352,3 +352,60 @@ def test_kernels_gradient_grams_are_psd_and_match_finite_differences(name, seed,
     # against the closed form 3 / l^2 in test_gram).
     tol = 2e-3 if coincident and kernel.smoothness < 2 else 1e-6
     np.testing.assert_allclose(blocks, fd_cross_cov(kernel, x1, x2), rtol=tol, atol=tol)
+
+
+# ---------------------------------------------------------------------------------------
+# The solvers agree: on the same random valid problem (kernels, operators, groups incl. empty
+# ones, coincident points, the three noise layouts) every solver gives Cholesky's likelihood
+# within its tolerance (posteriors: tests/test_solvers.py, tests/test_structured.py), or refuses the problem with its own
+# clear error (StructuredGradients' domain: one gradient group, a stationary kernel).
+
+_STRUCTURED_REFUSALS = (
+    r"eqgp.StructuredGradients needs|kernel \w+ is only \d+ time|a noise that is the same|StructuredGradients"
+)
+
+
+def _noise(layout, groups, D, rng):
+    if layout == "scalar":
+        return 0.2
+    if layout == "per_group":
+        return [float(rng.uniform(0.1, 0.4)) for _ in groups]
+    return [rng.uniform(0.1, 0.4, op.size(D)) if op.size(D) > 1 else float(rng.uniform(0.1, 0.4)) for op, _ in groups]
+
+
+@pytest.mark.slow  # ~100 compiled problems: CI's slow stage
+@examples(100)
+@given(problem=_problem(), layout=st.sampled_from(["scalar", "per_group", "per_output"]))
+def test_every_solver_agrees_with_cholesky_or_refuses_clearly(problem, layout):
+    kernel, groups, seed = problem
+    rng = np.random.default_rng(seed + 2)
+    D = groups[0][1].shape[1]
+    obs = eqgp.Observations(
+        *[
+            (
+                op,
+                jnp.asarray(X),
+                jnp.asarray(rng.normal(size=(X.shape[0], op.size(D)) if op.size(D) > 1 else X.shape[0])),
+            )
+            for op, X in groups
+        ]
+    )
+    noise = _noise(layout, groups, D, rng)
+
+    def answers(solver):  # the likelihood holds both a solve (y^T K^-1 y) and the log-determinant
+        gp = eqgp.GaussianProcess(kernel, mean=0.1, noise=noise, noise_floor=0.0, solver=solver)
+        return (gp.log_marginal_likelihood(obs),)
+
+    want = answers(eqgp.Cholesky())
+    # CG with a preconditioner of rank >= the number of rows (every problem here): exact up to
+    # its residual; its stochastic log-determinant is checked in tests/test_solvers.py.
+    got = answers(eqgp.ConjugateGradient(rtol=1e-10, preconditioner_rank=128))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-7)
+    try:
+        got = answers(eqgp.StructuredGradients())
+    except (TypeError, ValueError) as e:
+        assert re.search(_STRUCTURED_REFUSALS, str(e)), str(e)
+    else:
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-7, atol=1e-9)

@@ -52,6 +52,7 @@ def test_cg_posterior_matches_cholesky():
     assert_close(p2.covariance(Xs), p1.covariance(Xs), rtol=1e-5, atol=1e-9)
 
 
+@pytest.mark.slow  # ~14s on 2 cores: CI's slow stage
 def test_cg_love_variances_match_cholesky():
     # The LOVE cache (variance_rank > 0): no solves at prediction; measured 2e-7 relative here.
     X, obs = _problem(200)
@@ -147,3 +148,22 @@ def test_solver_options_are_checked():
         eqgp.ConjugateGradient(on_failure="ignore")
     with pytest.raises(ValueError, match="`variance_rank` must be a non-negative int; got -1"):
         eqgp.ConjugateGradient(variance_rank=-1)
+
+
+class _NotPSD(kernels.AbstractKernel):
+    def __call__(self, x1, x2):  # 1 - |x1 - x2|^2: not a covariance (indefinite on spread points)
+        return 1.0 - jnp.sum((x1 - x2) ** 2)
+
+
+def test_a_failed_factorisation_says_whether_jitter_could_help():
+    X = jnp.linspace(0.0, 3.0, 6)[:, None]
+    obs = eqgp.Observations.values(X, jnp.zeros(6))
+    with pytest.raises(Exception, match=r"indefinite .* no jitter can fix that\. The kernel is not positive semi"):
+        eqgp.GaussianProcess(_NotPSD(), noise=1e-6).log_marginal_likelihood(obs)
+    with pytest.raises(Exception, match=r"indefinite"):  # retries do not hide it
+        eqgp.GaussianProcess(_NotPSD(), noise=1e-6, solver=eqgp.Cholesky(max_tries=3)).log_marginal_likelihood(obs)
+    # The same point three times without noise: singular, not indefinite (jitter would fix it).
+    same = eqgp.Observations.values(jnp.zeros((3, 1)), jnp.zeros(3))
+    with pytest.raises(Exception, match=r"not numerically positive definite.* Raise the jitter") as info:
+        eqgp.GaussianProcess(kernels.RBF(), noise=1e-300, noise_floor=0.0).log_marginal_likelihood(same)
+    assert "because the matrix is indefinite" not in str(info.value)

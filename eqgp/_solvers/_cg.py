@@ -204,6 +204,11 @@ class ConjugateGradient(AbstractPullbackSolver[_CGState]):
         if R == 0:
             return jnp.zeros((), cov.dtype)
         pre = state.preconditioner
+        if pre.U.shape[1] >= R:
+            # A full-rank preconditioner is the covariance itself: its log-determinant is exact,
+            # and Lanczos on the whitened identity would break down after one step (its Krylov
+            # space has dimension 1), which matfree does not detect.
+            return pre.logdet()
         # Batched over the probes, each product's tiles share the budget; sharded, the probes
         # run one after another (below) and each product has all of it.
         whitened = _whitened(pre, self._mv(cov, 1 if self.shard else state.probes.shape[1]))

@@ -8,7 +8,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._covariance import Covariance
-from .._linalg import cholesky, cholesky_inverse
+from .._linalg import INDEFINITE, cholesky, cholesky_inverse
 from ._abstract import AbstractPullbackSolver, AbstractSolverState
 
 
@@ -61,7 +61,7 @@ class Cholesky(AbstractPullbackSolver[_CholeskyState]):
         if A.shape[0] and (self.jitter or self.max_tries):
             kernel = jnp.mean(cov.kernel_diagonal())
             scale = jnp.where(kernel > 0, kernel, jnp.mean(jnp.diagonal(A)))
-        L = cholesky(A, self.jitter, self.max_tries, scale=scale)
+        L = cholesky(A, self.jitter, self.max_tries, scale=scale, indefinite=INDEFINITE)
         _check_float32(L)
         return _CholeskyState(L)
 
