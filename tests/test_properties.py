@@ -275,6 +275,7 @@ def _problem(draw):
     return kernel, groups, seed
 
 
+@pytest.mark.slow  # ~27s on 2 cores: CI's slow stage
 @examples(5)
 @given(problem=_problem())
 def test_gp_api_matches_the_dense_reference(problem):

@@ -26,6 +26,7 @@ def _pair(solver, dtype=jnp.float64):
     return exact, eqgp.GaussianProcess(k, mean=0.1, noise=1e-2, solver=solver)
 
 
+@pytest.mark.slow  # ~17s on 2 cores: CI's slow stage
 def test_cg_likelihood_and_gradient_match_cholesky():
     # 1 200 rows (N (D + 1)); tight tolerance, enough probes and preconditioner rank (at rank
     # 40 the log-determinant gradient's probe noise reaches 50 %). Scale: benchmarks/matrix_free.py.
