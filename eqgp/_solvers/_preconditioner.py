@@ -14,9 +14,12 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 
-def pivoted_cholesky(diag: Float[Array, " R"], column: Callable, rank: int) -> Float[Array, "R r"]:
-    """`L` `(R, rank)` with `L L^T ~ K`, pivoting on the largest remaining diagonal entry.
-    Columns past the numerical rank of `K` are zero."""
+def pivoted_cholesky(
+    diag: Float[Array, " R"], column: Callable, rank: int
+) -> tuple[Float[Array, "R r"], Float[Array, " R"]]:
+    """`L` `(R, rank)` with `L L^T ~ K`, pivoting on the largest remaining diagonal entry,
+    and the remaining diagonal `diag(K - L L^T)` (non-negative). Columns past the numerical
+    rank of `K` are zero."""
     R = diag.shape[0]
     tiny = jnp.finfo(diag.dtype).eps * jnp.max(jnp.abs(diag), initial=0.0) * R
 
@@ -31,8 +34,7 @@ def pivoted_cholesky(diag: Float[Array, " R"], column: Callable, rank: int) -> F
         d = jnp.maximum(d - lcol * lcol, 0.0).at[k].set(0.0)
         return L, d
 
-    L, _ = jax.lax.fori_loop(0, rank, body, (jnp.zeros((R, rank), diag.dtype), diag))
-    return L
+    return jax.lax.fori_loop(0, rank, body, (jnp.zeros((R, rank), diag.dtype), diag))
 
 
 class Woodbury(eqx.Module):
