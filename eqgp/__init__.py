@@ -26,9 +26,11 @@ from ._acquisition import (
 )
 from ._covariance import Covariance as Covariance
 from ._fit import FitError as FitError, fit as fit
-from ._gp import GaussianProcess as GaussianProcess, Posterior as Posterior
+from ._gp import GaussianProcess as GaussianProcess, LeaveOneOut as LeaveOneOut, Posterior as Posterior
+from ._hyperparameters import fit_hyperparameters as fit_hyperparameters, initialise as initialise
 from ._jit import compiler_options as compiler_options
 from ._likelihood import log_marginal_likelihood as log_marginal_likelihood
+from ._minimize import FitReport as FitReport, minimize as minimize
 from ._observations import ObservationGroup as ObservationGroup, Observations as Observations
 from ._prior import ConstantMean as ConstantMean, ZeroMean as ZeroMean
 from ._saving import load as load, save as save

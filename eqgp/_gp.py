@@ -11,10 +11,10 @@ from ._checks import as_key, as_points
 from ._gram import _operator_diag, _operator_gram
 from ._jit import jit
 from ._kernels import AbstractKernel
-from ._linalg import cholesky, not_pd
+from ._linalg import cholesky, cholesky_inverse, not_pd
 from ._observations import Observations
 from ._operators import AbstractOperator, Value
-from ._parameters import positive
+from ._parameters import inverse_softplus as positive_raw, positive
 from ._prior import ConstantMean, ZeroMean, covariance, group_mean, group_noise, noise_per_group, prior
 from ._solvers import AbstractSolver, AbstractSolverState, default_solver
 
@@ -117,7 +117,9 @@ class GaussianProcess(eqx.Module):
         return prior(self.kernel, self.mean, self._noise_for(obs), obs)
 
     @jit
-    def log_marginal_likelihood(self, obs: Observations, key: PRNGKeyArray | int | None = None) -> Float[Array, ""]:
+    def log_marginal_likelihood(
+        self, obs: Observations, key: PRNGKeyArray | int | None = None, *, profile: bool = False
+    ) -> Float[Array, ""]:
         """The log marginal likelihood `log p(obs | model)`: exact with `Cholesky`, a
         stochastic estimate with `ConjugateGradient` (whose probes `key` seeds).
 
@@ -129,10 +131,99 @@ class GaussianProcess(eqx.Module):
 
         - `obs`: an `eqgp.Observations`.
         - `key`: a `jax.random` key for stochastic solvers; `None` uses a fixed one.
+        - `profile`: the concentrated (profile) likelihood: the covariance's overall scale
+          `s` (signal variance and noise together, the noise a fixed fraction of the signal)
+          is set to its optimum `s = r^T K^{-1} r / R` in closed form, so only the other
+          hyper-parameters (lengthscales, noise-to-signal ratio) matter, as in SMT's and
+          DiceKriging's kriging. `with_profiled_scale(obs)` returns the model at that scale,
+          whose plain likelihood equals this value. Known observation noise is scaled with
+          the rest (use it with trainable noise only for the value to be exact).
         """
         key = as_key("key", key)
+        if not isinstance(profile, bool):
+            raise TypeError(f"`profile` must be a bool; got {profile!r}.")
         cov, r = self._prior(obs)
-        return self.solver.log_marginal_likelihood(cov, r, key)
+        return self.solver.log_marginal_likelihood(cov, r, key, profile)
+
+    def with_profiled_scale(self, obs: Observations, key: PRNGKeyArray | int | None = None) -> "GaussianProcess":
+        """This model with its signal variance and trainable noise multiplied by the scale
+        that maximises the likelihood of `obs` (`s = r^T K^{-1} r / R`, see
+        `log_marginal_likelihood(profile=True)`); the kernel's signal variance is found as
+        in `eqgp.initialise` (a kernel without one raises a TypeError)."""
+        from ._hyperparameters import scale_signal  # noqa: PLC0415 - it imports GaussianProcess
+
+        post = self.condition(obs, key)
+        cov, r = self._prior(obs)
+        s = jnp.dot(r, post.alpha) / max(r.shape[0], 1)
+        s = jnp.where(s > 0, s, 1.0)
+        model = eqx.tree_at(lambda m: m.kernel, self, scale_signal(self.kernel, s))
+        raw = []
+        for entry in self.raw_noise:
+            floor = self._floor(entry.dtype)
+            scaled = (jax.nn.softplus(entry) + floor) * s.astype(entry.dtype) - floor
+            tiny = jnp.finfo(entry.dtype).tiny
+            raw.append(positive_raw(jnp.maximum(scaled, tiny)))
+        return eqx.tree_at(lambda m: m.raw_noise, model, tuple(raw))
+
+    @jit
+    def leave_one_out(self, obs: Observations, *, combine_groups: bool = False) -> "LeaveOneOut":
+        """Leave-one-out cross-validation in closed form (Rasmussen & Williams §5.4.2),
+        leaving out one *point* at a time: its value and all its derivative rows together,
+        as a block. From one factorisation of `K` (dense, `O(R^3)` and `R^2` memory):
+        for a block `B` of rows, the held-out residual is `[K^{-1}]_BB^{-1} (K^{-1} r)_B`
+        and its predictive covariance (noise included) `[K^{-1}]_BB^{-1}`.
+
+        **Arguments:**
+
+        - `obs`: an `eqgp.Observations`.
+        - `combine_groups`: `False`: a block is one point of one group (a
+          `ValueAndGradient` group leaves out a point's value and gradient together).
+          `True`: point `i` of every group is one block (e.g. energies and forces given as two
+          groups at the same configurations); every group must have the same number of points.
+
+        **Returns:** an `eqgp.LeaveOneOut`: per block family `residual` `(N, P)` (target minus
+        the held-out predictive mean) and `covariance` `(N, P, P)`.
+        """
+        if not isinstance(combine_groups, bool):
+            raise TypeError(f"`combine_groups` must be a bool; got {combine_groups!r}.")
+        cov, r = self._prior(obs)
+        index = _loo_blocks(obs, combine_groups)
+        R = r.shape[0]
+        if R == 0:
+            return LeaveOneOut(
+                tuple((jnp.zeros(i.shape, r.dtype), jnp.zeros(i.shape + i.shape[-1:], r.dtype)) for i in index)
+            )
+        L = cholesky(cov.as_matrix(), 0.0, message=_LOO_NOT_PD)
+        Kinv = cholesky_inverse(L)
+        alpha = jax.scipy.linalg.cho_solve((L, True), r)
+        out = []
+        for idx in index:
+            block = Kinv[idx[:, :, None], idx[:, None, :]]  # (N, P, P)
+            C = jnp.linalg.cholesky(block)
+            covariance = jax.vmap(lambda c: jax.scipy.linalg.cho_solve((c, True), jnp.eye(c.shape[0], dtype=c.dtype)))(
+                C
+            )
+            residual = jnp.einsum("npq,nq->np", covariance, alpha[idx])
+            out.append((residual, 0.5 * (covariance + jnp.swapaxes(covariance, 1, 2))))
+        return LeaveOneOut(tuple(out))
+
+    @jit
+    def leave_one_out_log_density(self, obs: Observations, *, combine_groups: bool = False) -> Float[Array, ""]:
+        """The leave-one-out log predictive density, `sum_B log N(y_B | mu_{-B}, Sigma_B)`
+        over the blocks of `leave_one_out` (each point's value and derivatives together):
+        an objective to maximise instead of the likelihood (`eqgp.fit_hyperparameters(...,
+        objective="loo")`), GPyTorch's `LeaveOneOutPseudoLikelihood` extended to derivative
+        blocks. Differentiable; dense."""
+        loo = self.leave_one_out(obs, combine_groups=combine_groups)
+        total = jnp.zeros((), obs.groups[0].X.dtype)
+        for residual, cov in loo.blocks:
+            if residual.size == 0:
+                continue
+            C = jnp.linalg.cholesky(cov)
+            w = jax.vmap(lambda c, e: jax.scipy.linalg.solve_triangular(c, e, lower=True))(C, residual)
+            logdet = 2 * jnp.sum(jnp.log(jnp.diagonal(C, axis1=1, axis2=2)))
+            total = total - 0.5 * (jnp.sum(w * w) + logdet + residual.size * math.log(2 * math.pi))
+        return total
 
     @jit
     def condition(self, obs: Observations, key: PRNGKeyArray | int | None = None) -> "Posterior":
@@ -145,6 +236,36 @@ class GaussianProcess(eqx.Module):
         state = self.solver.init(cov, key)
         alpha = self.solver.solve(state, r)
         return Posterior(self, obs, self.solver.for_prediction(state), alpha)
+
+
+_LOO_NOT_PD = not_pd("the observation covariance", "Raise the noise or use `noise_floor`.")
+
+
+class LeaveOneOut(eqx.Module):
+    """Closed-form leave-one-out results (`GaussianProcess.leave_one_out`): `blocks`, one
+    `(residual (N, P), covariance (N, P, P))` pair per block family (per group, or one for
+    `combine_groups=True`); outputs in the group's operator order (values first for
+    `ValueAndGradient`, then each group's in turn when combined)."""
+
+    blocks: tuple[tuple[Array, Array], ...]
+
+
+def _loo_blocks(obs: Observations, combine: bool) -> list[np.ndarray]:
+    """Row indices `(N, P)` of each block family, in the covariance's (component-major) order."""
+    per_group, start = [], 0
+    for g in obs.groups:
+        N, P = g.targets.shape
+        per_group.append(start + np.arange(P)[None, :] * N + np.arange(N)[:, None])
+        start += N * P
+    if not combine:
+        return per_group
+    sizes = {i.shape[0] for i in per_group}
+    if len(sizes) != 1:
+        raise ValueError(
+            "`combine_groups=True` leaves out point i of every group together, so every group must have the "
+            f"same number of points; got {[i.shape[0] for i in per_group]}."
+        )
+    return [np.concatenate(per_group, axis=1)]
 
 
 _SAMPLE_TRIES = 6

@@ -44,10 +44,11 @@ class AbstractSolver(eqx.Module, Generic[_State]):
 
     @abc.abstractmethod
     def log_marginal_likelihood(
-        self, cov: Covariance, residual: Float[Array, " R"], key: PRNGKeyArray | None = None
+        self, cov: Covariance, residual: Float[Array, " R"], key: PRNGKeyArray | None = None, profile: bool = False
     ) -> Float[Array, ""]:
         """`log N(residual | 0, K)`, differentiable with respect to everything in `cov` and
-        `residual`."""
+        `residual`; with `profile=True`, `max_s log N(residual | 0, s K)` (the scale of the
+        whole covariance profiled out: `s = r^T K^{-1} r / R`)."""
 
     @abc.abstractmethod
     def for_prediction(self, state: _State) -> _State:
@@ -82,17 +83,25 @@ def inv_quad_by_solves(solver: AbstractSolver, state, B: Array, diagonal: bool) 
     return 0.5 * (Q + Q.T)
 
 
-def _value(solver: AbstractSolver, cov: Covariance, r: Array, key) -> tuple[Array, tuple]:
+def _value(solver: AbstractSolver, cov: Covariance, r: Array, key, profile: bool = False) -> tuple[Array, tuple]:
     state = solver.init(cov, key)
     alpha = solver.solve(state, r)
-    value = -0.5 * (r @ alpha + solver.logdet(state) + r.shape[0] * math.log(2 * math.pi))
+    R = r.shape[0]
+    quad = r @ alpha
+    if profile and R:
+        # max over s of log N(r | 0, s K): s = quad / R.
+        value = -0.5 * (R * jnp.log(quad / R) + solver.logdet(state) + R * (1 + math.log(2 * math.pi)))
+    else:
+        value = -0.5 * (quad + solver.logdet(state) + R * math.log(2 * math.pi))
     return value, (state, alpha)
 
 
-def log_marginal_likelihood_by_autodiff(solver: AbstractSolver, cov: Covariance, r: Array, key) -> Array:
+def log_marginal_likelihood_by_autodiff(
+    solver: AbstractSolver, cov: Covariance, r: Array, key, profile: bool = False
+) -> Array:
     """The log marginal likelihood, differentiated straight through the solver's algebra (for
     a solver whose `init`, `solve` and `logdet` are plain differentiable JAX code)."""
-    return _value(solver, cov, r, key)[0]
+    return _value(solver, cov, r, key, profile)[0]
 
 
 class AbstractPullbackSolver(AbstractSolver[_State]):
@@ -107,25 +116,32 @@ class AbstractPullbackSolver(AbstractSolver[_State]):
         `cov`: `cov.pullback` of `(alpha alpha^T - K^{-1}) / 2` (exact, or an unbiased
         estimate), where `alpha = K^{-1} r`."""
 
-    def log_marginal_likelihood(self, cov, residual, key=None):
-        return _loglik((cov, residual), self, key)
+    def log_marginal_likelihood(self, cov, residual, key=None, profile=False):
+        return _loglik((cov, residual), self, key, bool(profile))
 
 
 @eqx.filter_custom_vjp
-def _loglik(diff, solver, key):
-    return _value(solver, *diff, key)[0]
+def _loglik(diff, solver, key, profile):
+    return _value(solver, *diff, key, profile)[0]
 
 
 @_loglik.def_fwd
 @full_precision
-def _loglik_fwd(perturbed, diff, solver, key):
-    return _value(solver, *diff, key)
+def _loglik_fwd(perturbed, diff, solver, key, profile):
+    return _value(solver, *diff, key, profile)
 
 
 @_loglik.def_bwd
 @full_precision
-def _loglik_bwd(residuals, g, perturbed, diff, solver, key):
+def _loglik_bwd(residuals, g, perturbed, diff, solver, key, profile):
     state, alpha = residuals
+    R = alpha.shape[0]
+    dr = alpha
+    if profile and R:
+        # The profile's derivative is the likelihood's at the optimal scale s = r^T alpha / R
+        # (envelope theorem): d/dK = (alpha alpha^T / s - K^{-1}) / 2, d/dr = -alpha / s.
+        s = jnp.dot(diff[1], alpha) / R
+        alpha, dr = alpha * jax.lax.rsqrt(s), alpha / s
     cov_ct = solver.likelihood_cotangent(state, alpha, diff[0])
     # g is in the data's dtype; a hyper-parameter may be stored in another (float64).
-    return jax.tree.map(lambda x: g.astype(x.dtype) * x, cov_ct), -g * alpha
+    return jax.tree.map(lambda x: g.astype(x.dtype) * x, cov_ct), -g * dr

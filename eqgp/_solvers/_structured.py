@@ -289,9 +289,9 @@ class StructuredGradients(AbstractSolver[_StructuredState]):
     def logdet(self, state: _StructuredState):
         return state.logdet
 
-    def log_marginal_likelihood(self, cov, residual, key=None):
+    def log_marginal_likelihood(self, cov, residual, key=None, profile=False):
         # The structured algebra is plain differentiable JAX: autodiff goes straight through.
-        return log_marginal_likelihood_by_autodiff(self, cov, residual, key)
+        return log_marginal_likelihood_by_autodiff(self, cov, residual, key, profile)
 
     def for_prediction(self, state):
         return state

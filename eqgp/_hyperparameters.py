@@ -1,0 +1,273 @@
+"""Hyper-parameters from the data: a documented initialisation, the signal scale in closed
+form, and the default training recipe (`fit_hyperparameters`)."""
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._gram import _operator_diag
+from ._kernels import (
+    AbstractKernel,
+    AbstractStationaryKernel,
+    AbstractVarianceKernel,
+    ActiveDims,
+    Product,
+    Sum,
+    Warped,
+)
+from ._minimize import minimize
+from ._observations import Observations
+from ._operators import Value, ValueAndGradient
+from ._parameters import inverse_softplus
+from ._prior import ConstantMean
+
+
+def _set_raw(module, where, value):
+    return eqx.tree_at(where, module, inverse_softplus(jnp.asarray(value, dtype=where(module).dtype)))
+
+
+def _with_lengthscales(kernel: AbstractKernel, Z: np.ndarray, variance: float) -> AbstractKernel:
+    """`kernel` with its lengthscales set from the spread of its inputs `Z` `(N, D)` and its
+    signal variance (or variances, split over a sum) set to `variance`."""
+    if isinstance(kernel, Warped):
+        warped = np.asarray(jax.vmap(kernel.warp)(jnp.asarray(Z)))
+        return eqx.tree_at(lambda k: k.kernel, kernel, _with_lengthscales(kernel.kernel, warped, variance))
+    if isinstance(kernel, ActiveDims):
+        inner = _with_lengthscales(kernel.kernel, Z[:, list(kernel.dims)], variance)
+        return eqx.tree_at(lambda k: k.kernel, kernel, inner)
+    if isinstance(kernel, Sum):
+        k1 = _with_lengthscales(kernel.kernel1, Z, variance / 2)
+        k2 = _with_lengthscales(kernel.kernel2, Z, variance / 2)
+        return eqx.tree_at(lambda k: (k.kernel1, k.kernel2), kernel, (k1, k2))
+    if isinstance(kernel, Product):
+        k1 = _with_lengthscales(kernel.kernel1, Z, variance)
+        k2 = _with_lengthscales(kernel.kernel2, Z, 1.0)
+        return eqx.tree_at(lambda k: (k.kernel1, k.kernel2), kernel, (k1, k2))
+    if isinstance(kernel, AbstractStationaryKernel):
+        spread = np.std(Z, axis=0) if Z.shape[0] > 1 else np.ones(Z.shape[1])
+        spread = np.where(spread > 0, spread, 1.0)
+        if kernel.raw_lengthscale.ndim == 0:
+            spread = np.exp(np.mean(np.log(spread)))
+        elif kernel.raw_lengthscale.shape != spread.shape:
+            raise ValueError(
+                f"{type(kernel).__name__} has {kernel.raw_lengthscale.shape[0]} ARD lengthscales but its inputs "
+                f"have {Z.shape[1]} dimensions."
+            )
+        kernel = _set_raw(kernel, lambda k: k.raw_lengthscale, spread)
+    if isinstance(kernel, AbstractVarianceKernel):
+        kernel = _set_raw(kernel, lambda k: k.raw_variance, variance)
+    return kernel
+
+
+def scale_signal(kernel: AbstractKernel, factor) -> AbstractKernel:
+    """`kernel` with its signal variance multiplied by `factor` (every term of a sum; the
+    first factor of a product; through `Warped` and `ActiveDims`)."""
+    if isinstance(kernel, (Warped, ActiveDims)):
+        return eqx.tree_at(lambda k: k.kernel, kernel, scale_signal(kernel.kernel, factor))
+    if isinstance(kernel, Sum):
+        both = (scale_signal(kernel.kernel1, factor), scale_signal(kernel.kernel2, factor))
+        return eqx.tree_at(lambda k: (k.kernel1, k.kernel2), kernel, both)
+    if isinstance(kernel, Product):
+        return eqx.tree_at(lambda k: k.kernel1, kernel, scale_signal(kernel.kernel1, factor))
+    if isinstance(kernel, AbstractVarianceKernel):
+        return eqx.tree_at(
+            lambda k: k.raw_variance,
+            kernel,
+            inverse_softplus(kernel.variance * jnp.asarray(factor, kernel.variance.dtype)),
+        )
+    raise TypeError(
+        f"cannot find the signal variance of a {type(kernel).__name__} kernel to scale it; multiply the kernel "
+        "by an `eqgp.kernels.Constant` (e.g. `Constant(1.0) * kernel`) to give it one."
+    )
+
+
+def _stack(models):
+    params = [eqx.filter(m, eqx.is_inexact_array) for m in models]
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *params)
+    return eqx.combine(stacked, eqx.filter(models[0], eqx.is_inexact_array, inverse=True))
+
+
+def initialise(gp, obs: Observations, *, starts: int = 1, key=None, spread: float = 4.0, noise: float = 1e-4):
+    """A `GaussianProcess` with hyper-parameters set from the data: eqgp's documented default
+    starting point for training (`eqgp.fit_hyperparameters`, `eqgp.minimize`, `eqgp.fit`).
+
+    - **Lengthscales**: per input dimension, the standard deviation of the inputs (all groups'
+      points; the geometric mean for a scalar lengthscale). Through `kernels.Warped` the warped
+      features' spread, through `kernels.ActiveDims` the dimensions the kernel sees.
+    - **Signal variance**: the variance of the value targets about their mean; with
+      derivative observations, each output's second moment over the prior variance that
+      output has at unit signal variance (for an RBF, `E[(df/dx_d)^2] = variance / l_d^2`), so
+      derivative targets set the scale consistently with values (they scale as the values'
+      scale over the inputs' scale); the mean over all outputs. A sum's terms share it.
+    - **Mean**: a `ConstantMean` becomes the mean of the value targets (left as is without
+      value observations).
+    - **Noise**: `noise` (relative) times the prior variance of the outputs each trainable noise
+      entry covers (the smallest, for an entry shared by values and derivatives).
+
+    Periodic periods, RationalQuadratic's `alpha`, polynomial offsets and custom kernels'
+    parameters are left as given. Scaling the inputs by `c` scales the lengthscales by `c`;
+    scaling the targets by `a` (derivatives by `a / c`) scales variance and noise by `a^2`.
+
+    **Arguments:**
+
+    - `gp`: the `eqgp.GaussianProcess` template (kernel structure, solver, noise layout).
+    - `obs`: the `eqgp.Observations` (concrete arrays, not traced).
+    - `starts`: with `n > 1`, `n` starting models stacked on a leading axis (for
+      `eqgp.minimize(..., starts=n)`): the first is the default above, the others multiply
+      every lengthscale by an independent log-uniform factor in `[1/spread, spread]`.
+    - `key`: the random key (or int seed) of those factors; `None` uses 0.
+    - `spread`, `noise`: as above.
+    """
+    from ._gp import GaussianProcess  # noqa: PLC0415 - _gp imports this module's users
+
+    if not isinstance(gp, GaussianProcess):
+        raise TypeError(f"`gp` must be an eqgp.GaussianProcess; got {type(gp).__name__}.")
+    if not isinstance(obs, Observations):
+        raise TypeError(f"`obs` must be an eqgp.Observations; got {type(obs).__name__}.")
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(obs)):
+        raise TypeError("eqgp.initialise reads the data's spread: call it outside jit/vmap/grad.")
+    if not isinstance(starts, (int, np.integer)) or isinstance(starts, bool) or starts < 1:
+        raise ValueError(f"`starts` must be an int >= 1; got {starts!r}.")
+    for name, value, low in (("spread", spread, 1.0), ("noise", noise, 0.0)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value < math.inf:
+            raise ValueError(f"`{name}` must be a finite number > {low:g}; got {value!r}.")
+    X = np.concatenate([np.asarray(g.X) for g in obs.groups])
+    if X.shape[0] == 0:
+        raise ValueError("`obs` has no points to initialise from.")
+    unit = _with_lengthscales(gp.kernel, X, 1.0)
+
+    # Per output of every group: the targets' second moment (values: about their mean) over
+    # the output's prior variance at unit signal variance.
+    ratios, prior_unit, values = [], [], []
+    for g in obs.groups:
+        t = np.asarray(g.targets)
+        N, P = t.shape
+        if N == 0:
+            prior_unit.append(np.ones(P))
+            continue
+        diag = np.asarray(_operator_diag(unit, g.operator, g.X)).reshape(P, N).mean(axis=1)
+        prior_unit.append(diag)
+        is_value = np.zeros(P, bool)
+        if isinstance(g.operator, Value):
+            is_value[0] = True
+        elif isinstance(g.operator, ValueAndGradient):
+            is_value[0] = True
+        for p in range(P):
+            if is_value[p]:
+                values.append(t[:, p])
+                moment = np.var(t[:, p]) if N > 1 else t[0, p] ** 2
+            else:
+                moment = np.mean(t[:, p] ** 2)
+            if diag[p] > 0 and moment > 0:
+                ratios.append(moment / diag[p])
+    variance = float(np.mean(ratios)) if ratios else 1.0
+    kernel = _with_lengthscales(gp.kernel, X, variance)
+    model = eqx.tree_at(lambda m: m.kernel, gp, kernel)
+    if isinstance(gp.mean, ConstantMean) and values:
+        constant = jnp.asarray(np.mean(np.concatenate(values)), dtype=gp.mean.constant.dtype)
+        model = eqx.tree_at(lambda m: m.mean.constant, model, constant)
+
+    # Noise: relative to the prior variance of the outputs each entry covers.
+    entries = list(gp.raw_noise)
+    if len(entries) == 1:
+        covered = [np.concatenate(prior_unit)]
+        widths = {len(p) for p in prior_unit}
+        if entries[0].ndim == 1:  # one per output, shared by groups of equal width
+            if len(widths) != 1:
+                raise ValueError("the model's single per-output noise entry does not fit groups of different widths.")
+            covered = [np.min(np.stack(prior_unit), axis=0)]
+    elif len(entries) == len(obs.groups):
+        covered = prior_unit
+    else:
+        raise ValueError(
+            f"the model has {len(entries)} noise entries but the observations have {len(obs.groups)} groups; "
+            "give one noise entry per group or a single shared one."
+        )
+    new = []
+    for raw, cov in zip(entries, covered):
+        level = noise * variance * (cov if raw.ndim == 1 else np.min(cov))
+        new.append(inverse_softplus(jnp.asarray(np.maximum(level, 1e-300), dtype=raw.dtype)))
+    model = eqx.tree_at(lambda m: m.raw_noise, model, tuple(new))
+    if starts == 1:
+        return model
+
+    key = jax.random.key(0) if key is None else (jax.random.key(key) if isinstance(key, int) else key)
+    models = [model]
+    for k in jax.random.split(key, starts - 1):
+        models.append(_jitter_lengthscales(model, k, math.log(spread)))
+    return _stack(models)
+
+
+def _jitter_lengthscales(model, key, log_spread: float):
+    def walk(kernel, key):
+        if isinstance(kernel, (Warped, ActiveDims)):
+            return eqx.tree_at(lambda k: k.kernel, kernel, walk(kernel.kernel, key))
+        if isinstance(kernel, (Sum, Product)):
+            k1, k2 = jax.random.split(key)
+            both = (walk(kernel.kernel1, k1), walk(kernel.kernel2, k2))
+            return eqx.tree_at(lambda k: (k.kernel1, k.kernel2), kernel, both)
+        if isinstance(kernel, AbstractStationaryKernel):
+            ls = jax.nn.softplus(kernel.raw_lengthscale)
+            factor = jnp.exp(jax.random.uniform(key, ls.shape, ls.dtype, -log_spread, log_spread))
+            return eqx.tree_at(lambda k: k.raw_lengthscale, kernel, inverse_softplus(ls * factor))
+        return kernel
+
+    return eqx.tree_at(lambda m: m.kernel, model, walk(model.kernel, key))
+
+
+_OBJECTIVES = ("likelihood", "profile", "loo")
+
+
+def fit_hyperparameters(
+    gp,
+    obs: Observations,
+    *,
+    objective: str = "profile",
+    starts: int = 8,
+    key=None,
+    max_steps: int = 500,
+    **minimize_options,
+):
+    """eqgp's default training recipe: initialise from the data (`eqgp.initialise`), run
+    L-BFGS from `starts` starting points at once (`eqgp.minimize`), keep the best.
+
+    Objectives:
+
+    - `"profile"` (default): the log marginal likelihood with the signal variance profiled
+      out in closed form (`log_marginal_likelihood(obs, profile=True)`; the trainable noise
+      moves with it, as a fixed fraction — SMT's and DiceKriging's concentrated
+      likelihood). The returned model carries the optimal scale (`with_profiled_scale`).
+    - `"likelihood"`: the plain log marginal likelihood over every hyper-parameter.
+    - `"loo"`: the leave-one-out log predictive density (`leave_one_out_log_density`),
+      leaving out each point's value and derivatives as a block (dense: `Cholesky`).
+
+    **Returns:** `(model, report)` as `eqgp.minimize`.
+    """
+    if objective not in _OBJECTIVES:
+        raise ValueError(f"`objective` must be one of {_OBJECTIVES}; got {objective!r}.")
+    start = initialise(gp, obs, starts=starts, key=key)
+    loss = _LOSSES[objective]
+    model, report = minimize(
+        start, loss, obs, starts=None if starts == 1 else starts, max_steps=max_steps, **minimize_options
+    )
+    if objective == "profile":
+        model = model.with_profiled_scale(obs)
+    return model, report
+
+
+def _neg_likelihood(model, obs):
+    return -model.log_marginal_likelihood(obs)
+
+
+def _neg_profile(model, obs):
+    return -model.log_marginal_likelihood(obs, profile=True)
+
+
+def _neg_loo(model, obs):
+    return -model.leave_one_out_log_density(obs)
+
+
+_LOSSES = {"likelihood": _neg_likelihood, "profile": _neg_profile, "loo": _neg_loo}

@@ -1,0 +1,299 @@
+"""Quasi-Newton training that converges: optax's L-BFGS with a zoom line search, compiled
+in chunks of steps (a failed chunk loses nothing before it), optionally over several
+starting models at once (`vmap`), keeping the best."""
+
+import math
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jaxtyping import Array, Bool, Float, Int
+
+from ._fit import FitError, _cause
+
+# Why a run stopped (FitReport.reason).
+_RUNNING, _GTOL, _FTOL, _MAX_STEPS, _NONFINITE, _LINESEARCH, _FAILED = range(7)
+_REASONS = {
+    _RUNNING: "running",
+    _GTOL: "converged: gradient max-norm <= gtol",
+    _FTOL: "converged: relative decrease of the loss <= ftol",
+    _MAX_STEPS: "stopped: max_steps reached",
+    _NONFINITE: "stopped: the loss or its gradient became non-finite (kept the last finite model)",
+    _LINESEARCH: "stopped: the line search found no decrease (at a minimum to working precision, or a noisy loss)",
+    _FAILED: "stopped: a step raised an error (kept the model before it)",
+}
+
+
+class FitReport(eqx.Module):
+    """What `eqgp.minimize` did: for the start it kept, and the final loss of every start.
+
+    - `loss`: the final loss of the kept start.
+    - `steps`: L-BFGS iterations it took.
+    - `grad_norm`: the max-norm of its final gradient (over the trained leaves).
+    - `converged`: stopped by `gtol` or `ftol` (not by `max_steps`, a non-finite loss, a
+      failed line search or an error).
+    - `reason`: why it stopped, in words.
+    - `start`: the index of the kept start (0 with a single model).
+    - `losses`: `(starts,)` the final loss of every start (`inf` where a start failed).
+    """
+
+    loss: float
+    steps: int
+    grad_norm: float
+    converged: bool
+    reason: str
+    start: int
+    losses: np.ndarray
+
+    def __repr__(self):
+        return (
+            f"FitReport(loss={self.loss:.6g}, steps={self.steps}, grad_norm={self.grad_norm:.3g}, "
+            f"converged={self.converged}, reason={self.reason!r}, start={self.start}, "
+            f"losses={np.array2string(np.asarray(self.losses), precision=5)})"
+        )
+
+
+class _Carry(eqx.Module):
+    params: object
+    opt_state: object
+    value: Float[Array, ""]
+    grad_norm: Float[Array, ""]
+    steps: Int[Array, ""]
+    reason: Int[Array, ""]
+
+
+def _tree_max_abs(tree) -> Array:
+    leaves = [jnp.max(jnp.abs(x), initial=0.0) for x in jax.tree.leaves(tree)]
+    return jnp.max(jnp.stack(leaves)) if leaves else jnp.zeros(())
+
+
+def _all_finite(tree) -> Bool[Array, ""]:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+def _solver(memory_size: int, linesearch_steps: int):
+    return optax.lbfgs(
+        memory_size=memory_size,
+        linesearch=optax.scale_by_zoom_linesearch(max_linesearch_steps=linesearch_steps, initial_guess_strategy="one"),
+    )
+
+
+def _init_impl(params, static, loss, args, opt):
+    fn = lambda p: loss(eqx.combine(p, static), *args)  # noqa: E731
+    value, grad = jax.value_and_grad(fn)(params)
+    ok = jnp.isfinite(value) & _all_finite(grad)
+    return _Carry(
+        params,
+        opt.init(params),
+        value,
+        _tree_max_abs(grad),
+        jnp.zeros((), jnp.int32),
+        jnp.where(ok, _RUNNING, _NONFINITE).astype(jnp.int32),
+    )
+
+
+def _chunk_impl(carry: _Carry, static, loss, args, opt, limit, gtol, ftol, max_steps):
+    """Up to `limit` more L-BFGS iterations of one run (batched by the caller's vmap)."""
+    fn = lambda p: loss(eqx.combine(p, static), *args)  # noqa: E731
+    value_and_grad = optax.value_and_grad_from_state(fn)
+    start = carry.steps
+
+    def cond(c: _Carry):
+        return (c.reason == _RUNNING) & (c.steps - start < limit)
+
+    def body(c: _Carry):
+        value, grad = value_and_grad(c.params, state=c.opt_state)
+        gnorm = _tree_max_abs(grad)
+        with jax.numpy_dtype_promotion("standard"):
+            updates, state = opt.update(grad, c.opt_state, c.params, value=value, grad=grad, value_fn=fn)
+        params = optax.apply_updates(c.params, updates)
+        new_value = optax.tree_utils.tree_get(state, "value")
+        new_grad = optax.tree_utils.tree_get(state, "grad")
+        finite = jnp.isfinite(new_value) & _all_finite(new_grad) & _all_finite(params)
+        decrease = value - new_value
+        scale = jnp.maximum(jnp.maximum(jnp.abs(value), jnp.abs(new_value)), 1.0)
+        steps = c.steps + 1
+        reason = jnp.select(
+            [gnorm <= gtol, ~finite, decrease < 0, decrease <= ftol * scale, steps >= max_steps],
+            [_GTOL, _NONFINITE, _LINESEARCH, _FTOL, _MAX_STEPS],
+            _RUNNING,
+        ).astype(jnp.int32)
+        # Keep the current point where it already converged, or where the step went bad.
+        keep_old = (gnorm <= gtol) | ~finite | (decrease < 0)
+        pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(keep_old, b, a), new, old)  # noqa: E731
+        return _Carry(
+            pick(params, c.params),
+            pick(state, c.opt_state),
+            jnp.where(keep_old, value, new_value),
+            jnp.where(keep_old, gnorm, _tree_max_abs(new_grad)),
+            jnp.where(gnorm <= gtol, c.steps, steps),
+            reason,
+        )
+
+    return jax.lax.while_loop(cond, body, carry)
+
+
+_init = eqx.filter_jit(_init_impl)
+_chunk = eqx.filter_jit(_chunk_impl)
+
+
+def _check_positive_int(name: str, value, minimum: int = 1) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"`{name}` must be an int >= {minimum}; got {value!r}.")
+    return int(value)
+
+
+def _check_tolerance(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(f"`{name}` must be a finite number >= 0; got {value!r}.")
+    return float(value)
+
+
+def minimize(
+    model,
+    loss: Callable,
+    *args,
+    starts: int | None = None,
+    max_steps: int = 500,
+    gtol: float = 1e-5,
+    ftol: float = 1e-10,
+    memory_size: int = 10,
+    linesearch_steps: int = 30,
+    chunk: int = 50,
+):
+    """Train `model` by minimising `loss(model, *args)` with L-BFGS (optax's, with a zoom
+    line search) until it converges: the quasi-Newton counterpart of `eqgp.fit`, on the same
+    loss functions (e.g. `lambda m, obs: -m.log_marginal_likelihood(obs)`).
+
+    It stops when the gradient's max-norm over the trained leaves is `<= gtol`, when a step
+    decreases the loss by `<= ftol * max(|loss|, 1)` (scipy's L-BFGS-B tests the same two),
+    after `max_steps` iterations, when the line search finds no decrease, or at a non-finite
+    loss, keeping the last finite model. The iterations run compiled (`jax.lax.while_loop`
+    under `eqx.filter_jit`) in chunks of `chunk` steps: a step that raises (e.g. a failed
+    factorisation) loses only its own chunk; the model from before it is kept and reported.
+
+    **Multi-start.** With `starts=n`, `model`'s inexact leaves carry a leading axis of `n`
+    starting points (as `eqgp.initialise(gp, obs, starts=n)` or `eqx.filter_vmap` build):
+    the starts run one after another (one compiled program) and the one with the lowest
+    final loss is returned, unbatched; a start that fails is dropped (its loss reported as
+    `inf`). (Batching the starts with `vmap` is future work: one batched run did not return.)
+
+    The loss must be deterministic: with `eqgp.ConjugateGradient` keep `key=None` (a fixed
+    probe set), not a fresh key per step.
+
+    **Arguments:**
+
+    - `model`: an Equinox module (e.g. `eqgp.GaussianProcess`); its inexact arrays train.
+    - `loss`: `loss(model, *args) -> scalar`.
+    - `*args`: passed to `loss` after the model (data as arguments, not constants).
+    - `starts`: `None` (one model) or the number of stacked starting models.
+    - `max_steps`, `gtol`, `ftol`: the stopping rules above.
+    - `memory_size`: L-BFGS's history length; `linesearch_steps`: the zoom line search's
+      budget per iteration; `chunk`: iterations per compiled call.
+
+    **Returns:** `(trained_model, report)`, `report` an `eqgp.FitReport`.
+
+    ```python
+    gp, report = eqgp.minimize(gp, lambda m, obs: -m.log_marginal_likelihood(obs), obs)
+    ```
+    """
+    if not callable(loss):
+        raise TypeError(f"`loss` must be a callable `loss(model, *args) -> scalar`; got {loss!r:.80}.")
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((model, args))):
+        raise TypeError(
+            "eqgp.minimize cannot run under jit, vmap or grad: it runs compiled chunks of L-BFGS steps "
+            "from Python (and keeps the model when a chunk fails). Call it outside any transformation."
+        )
+    max_steps = _check_positive_int("max_steps", max_steps, 0)
+    memory_size = _check_positive_int("memory_size", memory_size)
+    linesearch_steps = _check_positive_int("linesearch_steps", linesearch_steps)
+    chunk = _check_positive_int("chunk", chunk)
+    gtol, ftol = _check_tolerance("gtol", gtol), _check_tolerance("ftol", ftol)
+    params, static = eqx.partition(model, eqx.is_inexact_array)
+    if not jax.tree.leaves(params):
+        raise ValueError("`model` has no inexact array leaves to train (hyper-parameters held as Python floats?).")
+    if starts is not None:
+        starts = _check_positive_int("starts", starts)
+        shapes = {tuple(x.shape[:1]) for x in jax.tree.leaves(params)}
+        if shapes != {(starts,)}:
+            raise ValueError(
+                f"with `starts={starts}`, every inexact leaf of `model` must have a leading axis of size {starts} "
+                f"(build the starts with `eqgp.initialise(..., starts={starts})` or `eqx.filter_vmap`); got leading "
+                f"sizes {sorted(s[0] if s else None for s in shapes)}."
+            )
+    opt = _solver(memory_size, linesearch_steps)
+    settings = dict(limit=chunk, gtol=gtol, ftol=ftol, max_steps=max_steps)
+
+    def run(carry):
+        """Chunks until the run stopped; returns (carry, error or None)."""
+
+        def step(c):
+            return _chunk(c, static, loss, args, opt, **settings)
+
+        try:
+            if carry is None:
+                carry = _init(params_now, static, loss, args, opt)
+            while bool(jnp.any(carry.reason == _RUNNING)):
+                if max_steps == 0:
+                    carry = eqx.tree_at(lambda c: c.reason, carry, jnp.full_like(carry.reason, _MAX_STEPS))
+                    break
+                carry = step(carry)
+        except Exception as e:  # noqa: BLE001 - reported in the FitReport / FitError
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            return carry, e
+        return carry, None
+
+    if starts is None:
+        params_now = params
+        carry, error = run(None)
+        if error is not None and carry is None:
+            raise FitError(
+                f"eqgp.minimize: the starting model's loss failed ({type(error).__name__}): {_cause(error)}",
+                model,
+                jnp.zeros((0,)),
+                0,
+            ) from error
+        reason = _FAILED if error is not None else int(carry.reason)
+        return eqx.combine(carry.params, static), _report(carry, reason, 0, np.asarray([float(carry.value)]))
+
+    # One start after another, each compiled once (same shapes). Batching the starts with vmap
+    # worked for the profile likelihood but one batched likelihood run never returned (a
+    # while loop under vmap runs until every start's line search ends): kept sequential.
+    carries, finals, reasons, error = [], [], [], None
+    for i in range(starts):
+        params_now = jax.tree.map(lambda x, i=i: x[i], params)
+        c, e = run(None)
+        error = error or e
+        carries.append(c)
+        finals.append(np.inf if c is None else float(c.value))
+        reasons.append(_FAILED if e is not None else (int(c.reason) if c is not None else _FAILED))
+    finals, reasons = np.asarray(finals), np.asarray(reasons)
+    finite = np.where(np.isfinite(finals), finals, np.inf)
+    if not np.isfinite(finite).any():
+        raise FitError(
+            f"eqgp.minimize: every one of the {starts} starts failed or has a non-finite loss"
+            + (f" (first error: {_cause(error)})" if error is not None else ""),
+            model,
+            jnp.asarray(finals),
+            0,
+        )
+    best = int(np.argmin(finite))
+    chosen = carries[best]
+    return eqx.combine(chosen.params, static), _report(chosen, int(reasons[best]), best, finite)
+
+
+def _report(carry: _Carry, reason: int, start: int, losses) -> FitReport:
+    return FitReport(
+        loss=float(carry.value),
+        steps=int(carry.steps),
+        grad_norm=float(carry.grad_norm),
+        converged=reason in (_GTOL, _FTOL),
+        reason=_REASONS[reason],
+        start=start,
+        losses=np.asarray(losses, dtype=float),
+    )

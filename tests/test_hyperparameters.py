@@ -1,0 +1,181 @@
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from helpers import assert_close
+
+import eqgp
+from eqgp import kernels
+
+
+def _f(x):
+    return jnp.sin(2 * x[0]) * jnp.cos(x[1]) + 0.3 * x[1]
+
+
+def _obs(N=12, D=2, scale=1.0, shift=0.0, yscale=1.0, yshift=0.0):
+    X = jax.random.uniform(jax.random.key(0), (N, D), jnp.float64, -2, 2)
+    y = jax.vmap(_f)(X) * yscale + yshift
+    G = jax.vmap(jax.grad(_f))(X) * yscale / scale
+    return eqgp.Observations.values_and_gradients(X * scale + shift, y, G)
+
+
+def _gp(D=2, **kw):
+    return eqgp.GaussianProcess(kernels.RBF(jnp.ones(D)), mean=0.0, noise=1e-3, **kw)
+
+
+def test_leave_one_out_equals_refits_without_each_point():
+    obs = _obs(8)
+    gp = eqgp.GaussianProcess(kernels.Matern52([0.9, 1.2], variance=1.3), mean=0.2, noise=1e-3)
+    ((residual, cov),) = gp.leave_one_out(obs).blocks
+    g = obs.groups[0]
+    for i in range(g.X.shape[0]):
+        keep = np.arange(g.X.shape[0]) != i
+        rest = eqgp.Observations((g.operator, g.X[keep], g.targets[keep]))
+        post = gp.condition(rest)
+        x = g.X[i : i + 1]
+        mean = jnp.concatenate([post.mean(x), post.mean(x, eqgp.Gradient())[0]])
+        assert_close(residual[i], g.targets[i] - mean, rtol=0, atol=1e-8)
+        full = post.covariance(x, eqgp.ValueAndGradient()) + 1e-3 * jnp.eye(3)  # plus the noise
+        assert_close(cov[i], full, rtol=0, atol=1e-8)
+    # The objective: the sum of the held-out Gaussian log densities.
+    expected = sum(jax.scipy.stats.multivariate_normal.logpdf(residual[i], jnp.zeros(3), cov[i]) for i in range(8))
+    assert_close(gp.leave_one_out_log_density(obs), expected, rtol=1e-10)
+
+
+def test_leave_one_out_combines_groups_given_as_separate_values_and_gradients():
+    X = jax.random.uniform(jax.random.key(1), (6, 2), jnp.float64, -2, 2)
+    y, G = jax.vmap(_f)(X), jax.vmap(jax.grad(_f))(X)
+    gp = _gp()
+    joint = gp.leave_one_out(eqgp.Observations.values_and_gradients(X, y, G)).blocks[0]
+    split = gp.leave_one_out(
+        eqgp.Observations((eqgp.Value(), X, y), (eqgp.Gradient(), X, G)), combine_groups=True
+    ).blocks[0]
+    assert_close(split[0], joint[0], rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="same number of points"):
+        gp.leave_one_out(eqgp.Observations((eqgp.Value(), X, y), (eqgp.Gradient(), X[:3], G[:3])), combine_groups=True)
+
+
+def test_profile_likelihood_is_the_likelihood_at_the_optimal_scale_and_its_gradient_is_exact():
+    obs = _obs(10)
+    gp = _gp(noise_floor=0.0)
+    profile = gp.log_marginal_likelihood(obs, profile=True)
+    scaled = gp.with_profiled_scale(obs)
+    assert_close(scaled.log_marginal_likelihood(obs), profile, rtol=1e-10)
+    assert float(profile) >= float(gp.log_marginal_likelihood(obs))
+    # Gradient against a plain dense profile formula differentiated by autodiff.
+
+    def dense(m):
+        K = eqgp.operator_gram(m.kernel, obs, obs) + m.noise[0] * jnp.eye(obs.size)
+        N = obs.groups[0].X.shape[0]  # the constant mean shifts the value rows only
+        r = obs.flat_targets() - jnp.concatenate([jnp.full(N, m.mean.constant), jnp.zeros(obs.size - N)])
+        R = r.shape[0]
+        L = jnp.linalg.cholesky(K)
+        q = r @ jax.scipy.linalg.cho_solve((L, True), r)
+        return -0.5 * (R * jnp.log(q / R) + 2 * jnp.sum(jnp.log(jnp.diagonal(L))) + R * (1 + jnp.log(2 * jnp.pi)))
+
+    assert_close(dense(gp), profile, rtol=1e-10)
+    g1 = eqx.filter_grad(lambda m: m.log_marginal_likelihood(obs, profile=True))(gp)
+    g2 = eqx.filter_grad(dense)(gp)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+        assert_close(a, b, rtol=1e-7, atol=1e-9)
+
+
+def test_minimize_reaches_the_optimum_of_a_long_adam_run():
+    obs = _obs(10)
+    loss = lambda m, obs: -m.log_marginal_likelihood(obs)  # noqa: E731
+    start = eqgp.initialise(_gp(), obs)
+    adam, losses = eqgp.fit(start, loss, optax.adam(2e-2), 3000, obs, progress=False)
+    model, report = eqgp.minimize(start, loss, obs)
+    assert report.steps > 0 and report.steps < 500
+    assert report.loss <= float(losses[-1]) + 1e-3 * abs(float(losses[-1]))
+    assert_close(loss(model, obs), report.loss, rtol=1e-10)
+    assert isinstance(report.reason, str) and report.grad_norm >= 0
+
+
+def test_minimize_multistart_keeps_the_best_start():
+    obs = _obs(10)
+    loss = lambda m, obs: -m.log_marginal_likelihood(obs)  # noqa: E731
+    starts = eqgp.initialise(_gp(), obs, starts=3, key=3)
+    model, report = eqgp.minimize(starts, loss, obs, starts=3, max_steps=30)
+    assert report.losses.shape == (3,)
+    assert report.start == int(np.argmin(report.losses)) and report.loss == report.losses.min()
+    for i in range(3):
+        one = jax.tree.map(lambda x, i=i: x[i] if eqx.is_inexact_array(x) else x, starts)
+        _, r = eqgp.minimize(one, loss, obs, max_steps=30)
+        assert_close(r.loss, report.losses[i], rtol=1e-8)
+    assert_close(loss(model, obs), report.loss, rtol=1e-10)
+    with pytest.raises(ValueError, match="leading axis of size 4"):
+        eqgp.minimize(starts, loss, obs, starts=4)
+
+
+def test_minimize_keeps_the_model_when_a_step_fails():
+    obs = _obs(6)
+
+    def loss(m, obs):  # fails (an error under jit) once a lengthscale passes 0.75
+        value = -m.log_marginal_likelihood(obs)
+        ls = jax.nn.softplus(m.kernel.raw_lengthscale)
+        return eqx.error_if(value, jnp.any(ls > 0.75), "lengthscale too long")
+
+    start = eqx.tree_at(lambda m: m.kernel.raw_lengthscale, _gp(), jnp.full(2, 0.0))
+    model, report = eqgp.minimize(start, loss, obs, chunk=1)
+    assert not report.converged and "error" in report.reason
+    assert np.isfinite(report.loss) and bool(jnp.all(jax.nn.softplus(model.kernel.raw_lengthscale) <= 0.75))
+
+
+@pytest.mark.parametrize("c, b, a, s", [(3.0, 0.0, 1.0, 0.0), (0.5, 2.0, 7.0, -4.0)])
+def test_initialise_transforms_with_the_data(c, b, a, s):
+    # One noise per output: values' scale with a^2, derivatives' with (a / c)^2.
+    gp = eqgp.GaussianProcess(kernels.RBF(jnp.ones(2)), mean=0.0, noise=[jnp.full(3, 1e-3)], noise_floor=0.0)
+    base = eqgp.initialise(gp, _obs())
+    moved = eqgp.initialise(gp, _obs(scale=c, shift=b, yscale=a, yshift=s))
+    ls = lambda m: jax.nn.softplus(m.kernel.raw_lengthscale)  # noqa: E731
+    assert_close(ls(moved), c * ls(base), rtol=1e-10)
+    assert_close(moved.kernel.variance, a**2 * base.kernel.variance, rtol=1e-10)
+    factor = jnp.asarray([a**2, (a / c) ** 2, (a / c) ** 2])
+    assert_close(moved.noise[0], factor * base.noise[0], rtol=1e-6)
+    assert_close(moved.mean.constant, a * base.mean.constant + s, rtol=1e-10)
+
+
+def test_initialise_from_gradients_only_matches_the_values_scale():
+    # An RBF's derivative variance is variance / l^2: gradients alone recover the scale.
+    X = jax.random.uniform(jax.random.key(0), (200, 2), jnp.float64, -2, 2)
+    with_values = eqgp.initialise(
+        _gp(), eqgp.Observations.values_and_gradients(X, jax.vmap(_f)(X), jax.vmap(jax.grad(_f))(X))
+    )
+    gradients = eqgp.initialise(_gp(), eqgp.Observations.gradients(X, jax.vmap(jax.grad(_f))(X)))
+    ratio = float(gradients.kernel.variance / with_values.kernel.variance)
+    assert 0.2 < ratio < 5
+
+
+def test_fit_hyperparameters_recipe_improves_its_own_objective():
+    obs = _obs(10)
+    objectives = {
+        "profile": lambda m: m.log_marginal_likelihood(obs, profile=True),
+        "likelihood": lambda m: m.log_marginal_likelihood(obs),
+        "loo": lambda m: m.leave_one_out_log_density(obs),
+    }
+    start = eqgp.initialise(_gp(), obs)
+    for objective, value in objectives.items():
+        model, report = eqgp.fit_hyperparameters(_gp(), obs, objective=objective, starts=2, max_steps=60)
+        assert float(value(model)) > float(value(start)) + 1.0, objective
+    with pytest.raises(ValueError, match="objective"):
+        eqgp.fit_hyperparameters(_gp(), obs, objective="mle")
+
+
+def test_hyperparameter_entry_points_name_bad_arguments():
+    obs = _obs(4)
+    loss = lambda m, obs: -m.log_marginal_likelihood(obs)  # noqa: E731
+    with pytest.raises(ValueError, match="`max_steps`"):
+        eqgp.minimize(_gp(), loss, obs, max_steps=-1)
+    with pytest.raises(ValueError, match="`gtol`"):
+        eqgp.minimize(_gp(), loss, obs, gtol=float("nan"))
+    with pytest.raises(TypeError, match="loss"):
+        eqgp.minimize(_gp(), None, obs)
+    with pytest.raises(ValueError, match="`starts`"):
+        eqgp.initialise(_gp(), obs, starts=0)
+    with pytest.raises(TypeError, match="`gp`"):
+        eqgp.initialise(kernels.RBF(), obs)
+    with pytest.raises(TypeError, match="profile"):
+        _gp().log_marginal_likelihood(obs, profile="yes")  # noqa
