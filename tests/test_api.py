@@ -11,9 +11,11 @@ PUBLIC = {
     "eqgp": [
         "AbstractOperator", "AbstractPullbackSolver", "AbstractSolver", "AbstractSolverState", "Cholesky",
         "ConjugateGradient", "ConstantMean", "Covariance",
-        "Directional", "FitError", "GaussianProcess", "Gradient", "Hessian", "ObservationGroup", "Observations",
+        "Directional", "FitError", "FitReport", "GaussianProcess", "LeaveOneOut",
+        "Gradient", "Hessian", "ObservationGroup", "Observations",
         "Partial", "Posterior", "StructuredGradients", "Value", "ValueAndGradient", "ZeroMean", "compiler_options",
-        "expected_improvement", "fit", "gradient_gram", "gram", "kernels", "log_expected_improvement",
+        "expected_improvement", "fit", "fit_hyperparameters", "gradient_gram", "initialise", "minimize",
+        "gram", "kernels", "log_expected_improvement",
         "load", "log_marginal_likelihood", "maximize_acquisition", "nn", "operator_diag", "operator_gram", "ops",
         "save",
         "upper_confidence_bound",
