@@ -82,6 +82,7 @@ def test_profile_likelihood_is_the_likelihood_at_the_optimal_scale_and_its_gradi
         assert_close(a, b, rtol=1e-7, atol=1e-9)
 
 
+@pytest.mark.slow  # CI's slow stage (keeps the main suite under ~5 min on 2 cores)
 def test_minimize_reaches_the_optimum_of_a_long_adam_run():
     obs = _obs(10)
     loss = lambda m, obs: -m.log_marginal_likelihood(obs)  # noqa: E731
@@ -94,6 +95,7 @@ def test_minimize_reaches_the_optimum_of_a_long_adam_run():
     assert isinstance(report.reason, str) and report.grad_norm >= 0
 
 
+@pytest.mark.slow  # CI's slow stage (keeps the main suite under ~5 min on 2 cores)
 def test_minimize_multistart_keeps_the_best_start():
     obs = _obs(10)
     loss = lambda m, obs: -m.log_marginal_likelihood(obs)  # noqa: E731
@@ -149,6 +151,7 @@ def test_initialise_from_gradients_only_matches_the_values_scale():
     assert 0.2 < ratio < 5
 
 
+@pytest.mark.slow  # CI's slow stage (keeps the main suite under ~5 min on 2 cores)
 def test_fit_hyperparameters_recipe_improves_its_own_objective():
     obs = _obs(10)
     objectives = {
