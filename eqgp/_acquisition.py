@@ -17,7 +17,7 @@ import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from ._checks import as_key
+from ._checks import as_key, check_int
 from ._gp import GaussianProcess, Posterior
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -178,9 +178,8 @@ def maximize_acquisition(
             raise ValueError(f"`lower` and `upper` must be finite (a box); got {lo} and {hi}.")
         if not bool(np.all(lo < hi)):
             raise ValueError(f"`lower` must be below `upper` in every dimension; got {lo} and {hi}.")
-    for name, value, least in (("num_starts", num_starts, 1), ("steps", steps, 0)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
-            raise ValueError(f"`{name}` must be an int >= {least}; got {value!r}.")
+    check_int("num_starts", num_starts, 1)
+    check_int("steps", steps, 0)
     if isinstance(learning_rate, jax.core.Tracer):
         learning_rate = eqx.error_if(
             learning_rate, ~(learning_rate > 0) | ~jnp.isfinite(learning_rate), "`learning_rate` must be positive."

@@ -58,3 +58,10 @@ def as_key(name: str, key):
     ):
         return key
     raise TypeError(f"`{name}` must be a jax.random key (e.g. `jax.random.key(0)`) or an int seed; got {key!r:.80}.")
+
+
+def check_int(name: str, value, least: int) -> int:
+    """`value` as an int `>= least` (a bool is not one), or a ValueError naming `name`."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
+        raise ValueError(f"`{name}` must be an int >= {least}; got {value!r}.")
+    return int(value)

@@ -184,28 +184,30 @@ class GaussianProcess(eqx.Module):
         **Returns:** an `eqgp.LeaveOneOut`: per block family `residual` `(N, P)` (target minus
         the held-out predictive mean) and `covariance` `(N, P, P)`.
         """
+        return LeaveOneOut(tuple((residual, cov) for residual, cov, _, _ in self._leave_one_out(obs, combine_groups)))
+
+    def _leave_one_out(self, obs: Observations, combine_groups: bool):
+        """Per block family: the held-out residuals `(N, P)`, covariances `(N, P, P)`, the
+        blocks of `alpha = K^{-1} r` `(N, P)` and the Cholesky factors of `[K^{-1}]_BB`."""
         if not isinstance(combine_groups, bool):
             raise TypeError(f"`combine_groups` must be a bool; got {combine_groups!r}.")
         cov, r = self._prior(obs)
         index = _loo_blocks(obs, combine_groups)
-        R = r.shape[0]
-        if R == 0:
-            return LeaveOneOut(
-                tuple((jnp.zeros(i.shape, r.dtype), jnp.zeros(i.shape + i.shape[-1:], r.dtype)) for i in index)
-            )
+        if r.shape[0] == 0:
+            empty = lambda i, *extra: jnp.zeros(i.shape + extra, r.dtype)  # noqa: E731
+            return [(empty(i), empty(i, i.shape[-1]), empty(i), empty(i, i.shape[-1])) for i in index]
         L = cholesky(cov.as_matrix(), 0.0, message=_LOO_NOT_PD)
         Kinv = cholesky_inverse(L)
         alpha = jax.scipy.linalg.cho_solve((L, True), r)
         out = []
         for idx in index:
-            block = Kinv[idx[:, :, None], idx[:, None, :]]  # (N, P, P)
-            C = jnp.linalg.cholesky(block)
-            covariance = jax.vmap(lambda c: jax.scipy.linalg.cho_solve((c, True), jnp.eye(c.shape[0], dtype=c.dtype)))(
-                C
-            )
-            residual = jnp.einsum("npq,nq->np", covariance, alpha[idx])
-            out.append((residual, 0.5 * (covariance + jnp.swapaxes(covariance, 1, 2))))
-        return LeaveOneOut(tuple(out))
+            C = jnp.linalg.cholesky(Kinv[idx[:, :, None], idx[:, None, :]])  # (N, P, P)
+            eye = jnp.eye(idx.shape[1], dtype=r.dtype)
+            covariance = jax.vmap(lambda c, eye=eye: jax.scipy.linalg.cho_solve((c, True), eye))(C)
+            a = alpha[idx]
+            residual = jnp.einsum("npq,nq->np", covariance, a)
+            out.append((residual, 0.5 * (covariance + jnp.swapaxes(covariance, 1, 2)), a, C))
+        return out
 
     @jit
     def leave_one_out_log_density(self, obs: Observations, *, combine_groups: bool = False) -> Float[Array, ""]:
@@ -214,15 +216,12 @@ class GaussianProcess(eqx.Module):
         an objective to maximise instead of the likelihood (`eqgp.fit_hyperparameters(...,
         objective="loo")`), GPyTorch's `LeaveOneOutPseudoLikelihood` extended to derivative
         blocks. Differentiable; dense."""
-        loo = self.leave_one_out(obs, combine_groups=combine_groups)
         total = jnp.zeros((), obs.groups[0].X.dtype)
-        for residual, cov in loo.blocks:
-            if residual.size == 0:
-                continue
-            C = jnp.linalg.cholesky(cov)
-            w = jax.vmap(lambda c, e: jax.scipy.linalg.solve_triangular(c, e, lower=True))(C, residual)
-            logdet = 2 * jnp.sum(jnp.log(jnp.diagonal(C, axis1=1, axis2=2)))
-            total = total - 0.5 * (jnp.sum(w * w) + logdet + residual.size * math.log(2 * math.pi))
+        for residual, _, a, C in self._leave_one_out(obs, combine_groups):
+            # With Sigma_B = [K^{-1}]_BB^{-1} = (C C^T)^{-1} and residual = Sigma_B a:
+            # residual^T Sigma_B^{-1} residual = a^T residual, log det Sigma_B = -2 sum log diag C.
+            logdet = -2 * jnp.sum(jnp.log(jnp.diagonal(C, axis1=1, axis2=2)))
+            total = total - 0.5 * (jnp.sum(a * residual) + logdet + residual.size * math.log(2 * math.pi))
         return total
 
     @jit

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._checks import check_int
 from ._gram import _operator_diag
 from ._kernels import (
     AbstractKernel,
@@ -129,8 +130,7 @@ def initialise(gp, obs: Observations, *, starts: int = 1, key=None, spread: floa
         raise TypeError(f"`obs` must be an eqgp.Observations; got {type(obs).__name__}.")
     if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(obs)):
         raise TypeError("eqgp.initialise reads the data's spread: call it outside jit/vmap/grad.")
-    if not isinstance(starts, (int, np.integer)) or isinstance(starts, bool) or starts < 1:
-        raise ValueError(f"`starts` must be an int >= 1; got {starts!r}.")
+    check_int("starts", starts, 1)
     for name, value, low in (("spread", spread, 1.0), ("noise", noise, 0.0)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value < math.inf:
             raise ValueError(f"`{name}` must be a finite number > {low:g}; got {value!r}.")
@@ -150,13 +150,9 @@ def initialise(gp, obs: Observations, *, starts: int = 1, key=None, spread: floa
             continue
         diag = np.asarray(_operator_diag(unit, g.operator, g.X)).reshape(P, N).mean(axis=1)
         prior_unit.append(diag)
-        is_value = np.zeros(P, bool)
-        if isinstance(g.operator, Value):
-            is_value[0] = True
-        elif isinstance(g.operator, ValueAndGradient):
-            is_value[0] = True
+        with_value = isinstance(g.operator, (Value, ValueAndGradient))  # the value is output 0
         for p in range(P):
-            if is_value[p]:
+            if with_value and p == 0:
                 values.append(t[:, p])
                 moment = np.var(t[:, p]) if N > 1 else t[0, p] ** 2
             else:

@@ -1,6 +1,6 @@
 """Quasi-Newton training that converges: optax's L-BFGS with a zoom line search, compiled
-in chunks of steps (a failed chunk loses nothing before it), optionally over several
-starting models at once (`vmap`), keeping the best."""
+in chunks of steps (a failed chunk loses nothing before it), optionally from several starting
+models, keeping the best."""
 
 import math
 from collections.abc import Callable
@@ -12,6 +12,7 @@ import numpy as np
 import optax
 from jaxtyping import Array, Bool, Float, Int
 
+from ._checks import check_int
 from ._fit import FitError, _cause
 
 # Why a run stopped (FitReport.reason).
@@ -82,7 +83,8 @@ def _solver(memory_size: int, linesearch_steps: int):
     )
 
 
-def _init_impl(params, static, loss, args, opt):
+@eqx.filter_jit
+def _init(params, static, loss, args, opt):
     fn = lambda p: loss(eqx.combine(p, static), *args)  # noqa: E731
     value, grad = jax.value_and_grad(fn)(params)
     ok = jnp.isfinite(value) & _all_finite(grad)
@@ -96,8 +98,9 @@ def _init_impl(params, static, loss, args, opt):
     )
 
 
-def _chunk_impl(carry: _Carry, static, loss, args, opt, limit, gtol, ftol, max_steps):
-    """Up to `limit` more L-BFGS iterations of one run (batched by the caller's vmap)."""
+@eqx.filter_jit
+def _chunk(carry: _Carry, static, loss, args, opt, limit, gtol, ftol, max_steps):
+    """Up to `limit` more L-BFGS iterations of one run."""
     fn = lambda p: loss(eqx.combine(p, static), *args)  # noqa: E731
     value_and_grad = optax.value_and_grad_from_state(fn)
     start = carry.steps
@@ -135,16 +138,6 @@ def _chunk_impl(carry: _Carry, static, loss, args, opt, limit, gtol, ftol, max_s
         )
 
     return jax.lax.while_loop(cond, body, carry)
-
-
-_init = eqx.filter_jit(_init_impl)
-_chunk = eqx.filter_jit(_chunk_impl)
-
-
-def _check_positive_int(name: str, value, minimum: int = 1) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"`{name}` must be an int >= {minimum}; got {value!r}.")
-    return int(value)
 
 
 def _check_tolerance(name: str, value) -> float:
@@ -208,16 +201,16 @@ def minimize(
             "eqgp.minimize cannot run under jit, vmap or grad: it runs compiled chunks of L-BFGS steps "
             "from Python (and keeps the model when a chunk fails). Call it outside any transformation."
         )
-    max_steps = _check_positive_int("max_steps", max_steps, 0)
-    memory_size = _check_positive_int("memory_size", memory_size)
-    linesearch_steps = _check_positive_int("linesearch_steps", linesearch_steps)
-    chunk = _check_positive_int("chunk", chunk)
+    max_steps = check_int("max_steps", max_steps, 0)
+    memory_size = check_int("memory_size", memory_size, 1)
+    linesearch_steps = check_int("linesearch_steps", linesearch_steps, 1)
+    chunk = check_int("chunk", chunk, 1)
     gtol, ftol = _check_tolerance("gtol", gtol), _check_tolerance("ftol", ftol)
     params, static = eqx.partition(model, eqx.is_inexact_array)
     if not jax.tree.leaves(params):
         raise ValueError("`model` has no inexact array leaves to train (hyper-parameters held as Python floats?).")
     if starts is not None:
-        starts = _check_positive_int("starts", starts)
+        starts = check_int("starts", starts, 1)
         shapes = {tuple(x.shape[:1]) for x in jax.tree.leaves(params)}
         if shapes != {(starts,)}:
             raise ValueError(
@@ -228,20 +221,17 @@ def minimize(
     opt = _solver(memory_size, linesearch_steps)
     settings = dict(limit=chunk, gtol=gtol, ftol=ftol, max_steps=max_steps)
 
-    def run(carry):
-        """Chunks until the run stopped; returns (carry, error or None)."""
-
-        def step(c):
-            return _chunk(c, static, loss, args, opt, **settings)
-
+    def run(start):
+        """One run from the parameters `start`: `(carry, error)`, `carry` the last state reached
+        (None where the starting loss itself failed), `error` the exception that stopped it."""
+        carry = None
         try:
-            if carry is None:
-                carry = _init(params_now, static, loss, args, opt)
-            while bool(jnp.any(carry.reason == _RUNNING)):
-                if max_steps == 0:
-                    carry = eqx.tree_at(lambda c: c.reason, carry, jnp.full_like(carry.reason, _MAX_STEPS))
-                    break
-                carry = step(carry)
+            carry = _init(start, static, loss, args, opt)
+            if max_steps == 0:
+                stopped = jnp.where(carry.reason == _RUNNING, _MAX_STEPS, carry.reason).astype(jnp.int32)
+                carry = eqx.tree_at(lambda c: c.reason, carry, stopped)
+            while int(carry.reason) == _RUNNING:
+                carry = _chunk(carry, static, loss, args, opt, **settings)
         except Exception as e:  # noqa: BLE001 - reported in the FitReport / FitError
             if isinstance(e, KeyboardInterrupt):
                 raise
@@ -249,9 +239,8 @@ def minimize(
         return carry, None
 
     if starts is None:
-        params_now = params
-        carry, error = run(None)
-        if error is not None and carry is None:
+        carry, error = run(params)
+        if carry is None:
             raise FitError(
                 f"eqgp.minimize: the starting model's loss failed ({type(error).__name__}): {_cause(error)}",
                 model,
@@ -264,27 +253,25 @@ def minimize(
     # One start after another, each compiled once (same shapes). Batching the starts with vmap
     # worked for the profile likelihood but one batched likelihood run never returned (a
     # while loop under vmap runs until every start's line search ends): kept sequential.
-    carries, finals, reasons, error = [], [], [], None
+    carries, finals, reasons, first_error = [], [], [], None
     for i in range(starts):
-        params_now = jax.tree.map(lambda x, i=i: x[i], params)
-        c, e = run(None)
-        error = error or e
+        c, e = run(jax.tree.map(lambda x, i=i: x[i], params))
+        first_error = first_error or e
         carries.append(c)
         finals.append(np.inf if c is None else float(c.value))
-        reasons.append(_FAILED if e is not None else (int(c.reason) if c is not None else _FAILED))
-    finals, reasons = np.asarray(finals), np.asarray(reasons)
+        reasons.append(_FAILED if e is not None else int(c.reason))
     finite = np.where(np.isfinite(finals), finals, np.inf)
     if not np.isfinite(finite).any():
         raise FitError(
             f"eqgp.minimize: every one of the {starts} starts failed or has a non-finite loss"
-            + (f" (first error: {_cause(error)})" if error is not None else ""),
+            + (f" (first error: {_cause(first_error)})" if first_error is not None else ""),
             model,
             jnp.asarray(finals),
             0,
         )
     best = int(np.argmin(finite))
     chosen = carries[best]
-    return eqx.combine(chosen.params, static), _report(chosen, int(reasons[best]), best, finite)
+    return eqx.combine(chosen.params, static), _report(chosen, reasons[best], best, finite)
 
 
 def _report(carry: _Carry, reason: int, start: int, losses) -> FitReport:

@@ -53,6 +53,10 @@ class Woodbury(eqx.Module):
         self.U = U
         self.s2 = s * s
 
+    def with_diagonal(self, diagonal: Float[Array, " R"]) -> "Woodbury":
+        """`diag(diagonal) + L L^T`: the same low-rank part with another diagonal."""
+        return Woodbury(diagonal, self.sqrt_noise[:, None] * self.U * jnp.sqrt(self.s2)[None, :])
+
     def _B(self, w, power):
         scale = (1.0 + self.s2) ** power - 1.0
         if w.ndim == 1:
