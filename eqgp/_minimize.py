@@ -2,6 +2,7 @@
 in chunks of steps (a failed chunk loses nothing before it), optionally from several starting
 models, keeping the best."""
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -76,7 +77,10 @@ def _all_finite(tree) -> Bool[Array, ""]:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
 
 
+@functools.lru_cache(maxsize=None)
 def _solver(memory_size: int, linesearch_steps: int):
+    # Cached: optax's transformations are closures, compared by identity as static arguments
+    # of the compiled chunks, so a fresh one per call would recompile every call.
     return optax.lbfgs(
         memory_size=memory_size,
         linesearch=optax.scale_by_zoom_linesearch(max_linesearch_steps=linesearch_steps, initial_guess_strategy="one"),

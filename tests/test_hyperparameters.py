@@ -126,6 +126,21 @@ def test_minimize_keeps_the_model_when_a_step_fails():
     assert np.isfinite(report.loss) and bool(jnp.all(jax.nn.softplus(model.kernel.raw_lengthscale) <= 0.75))
 
 
+def test_minimize_compiles_once_for_a_repeated_workload():
+    traces = []
+
+    def loss(m, obs):
+        traces.append(None)  # runs only while tracing
+        return -m.log_marginal_likelihood(obs)
+
+    for seed in (0, 1):  # new data of the same shapes, new model: no new compilation
+        X = jax.random.uniform(jax.random.key(seed), (5, 2), jnp.float64, -2, 2)
+        obs = eqgp.Observations.values_and_gradients(X, jax.vmap(_f)(X), jax.vmap(jax.grad(_f))(X))
+        eqgp.minimize(_gp(), loss, obs, max_steps=3)
+        if seed == 0:
+            first = len(traces)
+    assert first > 0 and len(traces) == first
+
 @pytest.mark.parametrize("c, b, a, s", [(3.0, 0.0, 1.0, 0.0), (0.5, 2.0, 7.0, -4.0)])
 def test_initialise_transforms_with_the_data(c, b, a, s):
     # One noise per output: values' scale with a^2, derivatives' with (a / c)^2.
