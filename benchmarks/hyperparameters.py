@@ -55,9 +55,7 @@ def smt_fit(problem, x, y, g):
     from smt.surrogate_models import GEKPLS
 
     D = x.shape[1]
-    model = GEKPLS(
-        theta0=[1e-2] * D, xlimits=problem.xlimits, n_comp=D, extra_points=1, print_global=False
-    )
+    model = GEKPLS(theta0=[1e-2] * D, xlimits=problem.xlimits, n_comp=D, extra_points=1, print_global=False)
     model.set_training_values(x, y)
     for i in range(D):
         model.set_training_derivatives(x, g[:, i], i)
@@ -86,9 +84,13 @@ def main():
     if args.quick:
         probs = {k: probs[k] for k in ("Branin", "WeldedBeam")}
         seeds = (0,)
-    print(f"backend: {jax.default_backend()}; eqgp: fit_hyperparameters defaults; SMT: GEKPLS(n_comp=D, extra_points=1)")
-    print(f"{'problem':>11} {'D':>2} {'n':>4} {'seed':>4} | {'eqgp rmse':>9} {'SMT rmse':>9} {'ratio':>6} | "
-          f"{'eqgp s':>7} {'SMT s':>7} | eqgp steps, stop")
+    print(
+        f"backend: {jax.default_backend()}; eqgp: fit_hyperparameters defaults; SMT: GEKPLS(n_comp=D, extra_points=1)"
+    )
+    print(
+        f"{'problem':>11} {'D':>2} {'n':>4} {'seed':>4} | {'eqgp rmse':>9} {'SMT rmse':>9} {'ratio':>6} | "
+        f"{'eqgp s':>7} {'SMT s':>7} | eqgp steps, stop"
+    )
     ratios, time_ratios_large = [], []
     for name, problem in probs.items():
         D = problem.xlimits.shape[0]
@@ -106,8 +108,11 @@ def main():
                 ratios.append(ratio)
                 if n == 10 * D:
                     time_ratios_large.append(eqgp_s / smt_s)
-                print(f"{name:>11} {D:>2} {n:>4} {seed:>4} | {eqgp_rmse:9.2e} {smt_rmse:9.2e} {ratio:6.2f} | "
-                      f"{eqgp_s:7.1f} {smt_s:7.1f} | {report.steps}, {report.reason}", flush=True)
+                print(
+                    f"{name:>11} {D:>2} {n:>4} {seed:>4} | {eqgp_rmse:9.2e} {smt_rmse:9.2e} {ratio:6.2f} | "
+                    f"{eqgp_s:7.1f} {smt_s:7.1f} | {report.steps}, {report.reason}",
+                    flush=True,
+                )
     worse = sum(r > 1 for r in ratios)
     print(f"eqgp worse than SMT on {worse} of {len(ratios)} rows; median RMSE ratio {statistics.median(ratios):.3f}")
     print(f"RESULT hyperparameters_smt_time_ratio_large_n {statistics.median(time_ratios_large):.3f}")

@@ -24,6 +24,7 @@ from ._observations import Observations
 from ._operators import Value, ValueAndGradient
 from ._parameters import inverse_softplus
 from ._prior import ConstantMean
+from ._solvers import Cholesky
 
 
 def _set_raw(module, where, value):
@@ -217,6 +218,9 @@ def _jitter_lengthscales(model, key, log_spread: float):
 _OBJECTIVES = ("likelihood", "profile", "loo")
 
 
+_ROBUST_TRIES = 4  # Cholesky retries (tenfold jitter each) while fit_hyperparameters trains
+
+
 def fit_hyperparameters(
     gp,
     obs: Observations,
@@ -240,10 +244,20 @@ def fit_hyperparameters(
     - `"loo"`: the leave-one-out log predictive density (`leave_one_out_log_density`),
       leaving out each point's value and derivatives as a block (dense: `Cholesky`).
 
+    **Interpolation.** Deterministic data (a simulator, SMT's test functions) drives the
+    noise towards zero, where a plain Cholesky factorisation of gradient observations fails.
+    With the default dense solver (`Cholesky()`), training and the returned model use
+    `Cholesky(jitter, max_tries=4)`: where a factorisation fails it retries with a growing
+    jitter (from `1e-8` of the mean prior variance, in float64) and warns with the jitter it
+    needed, so the line search keeps its footing instead of stopping the run (as scikit-learn
+    treats a failed factorisation). Other solvers are kept as given.
+
     **Returns:** `(model, report)` as `eqgp.minimize`.
     """
     if objective not in _OBJECTIVES:
         raise ValueError(f"`objective` must be one of {_OBJECTIVES}; got {objective!r}.")
+    if isinstance(gp.solver, Cholesky) and gp.solver.max_tries == 0:
+        gp = eqx.tree_at(lambda m: m.solver, gp, Cholesky(gp.solver.jitter, _ROBUST_TRIES))
     start = initialise(gp, obs, starts=starts, key=key)
     loss = _LOSSES[objective]
     model, report = minimize(

@@ -77,7 +77,7 @@ def _all_finite(tree) -> Bool[Array, ""]:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _solver(memory_size: int, linesearch_steps: int):
     # Cached: optax's transformations are closures, compared by identity as static arguments
     # of the compiled chunks, so a fresh one per call would recompile every call.
@@ -103,7 +103,7 @@ def _init(params, static, loss, args, opt):
 
 
 @eqx.filter_jit
-def _chunk(carry: _Carry, static, loss, args, opt, limit, gtol, ftol, max_steps):
+def _chunk(carry: _Carry, static, loss, args, opt, limit: Int[Array, ""], gtol, ftol, max_steps):
     """Up to `limit` more L-BFGS iterations of one run."""
     fn = lambda p: loss(eqx.combine(p, static), *args)  # noqa: E731
     value_and_grad = optax.value_and_grad_from_state(fn)
@@ -171,7 +171,8 @@ def minimize(
     after `max_steps` iterations, when the line search finds no decrease, or at a non-finite
     loss, keeping the last finite model. The iterations run compiled (`jax.lax.while_loop`
     under `eqx.filter_jit`) in chunks of `chunk` steps: a step that raises (e.g. a failed
-    factorisation) loses only its own chunk; the model from before it is kept and reported.
+    factorisation) is found by redoing its chunk one step at a time: the model from before
+    that step is kept and reported.
 
     **Multi-start.** With `starts=n`, `model`'s inexact leaves carry a leading axis of `n`
     starting points (as `eqgp.initialise(gp, obs, starts=n)` or `eqx.filter_vmap` build):
@@ -223,23 +224,30 @@ def minimize(
                 f"sizes {sorted(s[0] if s else None for s in shapes)}."
             )
     opt = _solver(memory_size, linesearch_steps)
-    settings = dict(limit=chunk, gtol=gtol, ftol=ftol, max_steps=max_steps)
+    settings = dict(gtol=gtol, ftol=ftol, max_steps=max_steps)
 
     def run(start):
         """One run from the parameters `start`: `(carry, error)`, `carry` the last state reached
         (None where the starting loss itself failed), `error` the exception that stopped it."""
-        carry = None
         try:
             carry = _init(start, static, loss, args, opt)
             if max_steps == 0:
                 stopped = jnp.where(carry.reason == _RUNNING, _MAX_STEPS, carry.reason).astype(jnp.int32)
                 carry = eqx.tree_at(lambda c: c.reason, carry, stopped)
-            while int(carry.reason) == _RUNNING:
-                carry = _chunk(carry, static, loss, args, opt, **settings)
         except Exception as e:  # noqa: BLE001 - reported in the FitReport / FitError
             if isinstance(e, KeyboardInterrupt):
                 raise
-            return carry, e
+            return None, e
+        limit = chunk
+        while int(carry.reason) == _RUNNING:
+            try:
+                carry = _chunk(carry, static, loss, args, opt, jnp.asarray(limit), **settings)
+            except Exception as e:  # noqa: BLE001 - reported in the FitReport / FitError
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                if limit == 1:
+                    return carry, e
+                limit = 1  # redo the failed chunk one step at a time: lose only the failing step
         return carry, None
 
     if starts is None:
