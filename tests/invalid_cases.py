@@ -251,6 +251,58 @@ def invalid_cases():
     )
     cases.append(("fit optimizer factory", lambda: eqgp.fit(gp, lambda m: 0.0, optax.adam, 1), r"`optimizer`.*call it"))
     cases.extend(_round2_cases(X, y, G, gp, post))
+    cases.extend(_hyperparameter_cases(X, y, G, gp))
+    return cases
+
+
+def _hyperparameter_cases(X, y, G, gp):
+    """minimize, initialise, fit_hyperparameters, the profile likelihood, leave-one-out."""
+    cases = []
+    obs = eqgp.Observations.values_and_gradients(X, y, G)
+    nll = lambda m, o: -m.log_marginal_likelihood(o)  # noqa: E731
+    for name, kw in [
+        ("max_steps", dict(max_steps=-1)),
+        ("max_steps", dict(max_steps=1.5)),
+        ("max_steps", dict(max_steps=True)),
+        ("memory_size", dict(memory_size=0)),
+        ("linesearch_steps", dict(linesearch_steps=0)),
+        ("chunk", dict(chunk=0)),
+        ("gtol", dict(gtol=np.nan)),
+        ("gtol", dict(gtol=-1.0)),
+        ("gtol", dict(gtol="1e-5")),
+        ("ftol", dict(ftol=np.inf)),
+        ("ftol", dict(ftol=-1e-9)),
+        ("starts", dict(starts=0)),
+    ]:
+        cases.append((f"minimize {kw!r}", lambda kw=kw: eqgp.minimize(gp, nll, obs, **kw), f"`{name}`"))
+    cases.append(("minimize starts without a batch", lambda: eqgp.minimize(gp, nll, obs, starts=3), r"leading axis of size 3"))
+    cases.append(("minimize loss None", lambda: eqgp.minimize(gp, None, obs), r"`loss` must be a callable"))
+    cases.append(("minimize loss string", lambda: eqgp.minimize(gp, "nll", obs), r"`loss` must be a callable"))
+    cases.append(
+        (
+            "minimize under jit",
+            lambda: jax.jit(lambda o: eqgp.minimize(gp, nll, o, max_steps=1)[1].loss)(obs),
+            r"eqgp.minimize cannot run under jit",
+        )
+    )
+    cases.append(("initialise kernel", lambda: eqgp.initialise(kernels.RBF(), obs), r"`gp` must be an eqgp.GaussianProcess"))
+    cases.append(("initialise obs tuple", lambda: eqgp.initialise(gp, (X, y)), r"`obs` must be an eqgp.Observations"))
+    cases.append(("initialise starts 0", lambda: eqgp.initialise(gp, obs, starts=0), r"`starts`"))
+    cases.append(("initialise starts float", lambda: eqgp.initialise(gp, obs, starts=2.0), r"`starts`"))
+    cases.append(
+        ("fit_hyperparameters objective", lambda: eqgp.fit_hyperparameters(gp, obs, objective="nll"), r"`objective` must be one of")
+    )
+    cases.append(("fit_hyperparameters starts", lambda: eqgp.fit_hyperparameters(gp, obs, starts=-2), r"`starts`"))
+    cases.append(("profile not a bool", lambda: gp.log_marginal_likelihood(obs, profile="yes"), r"`profile`"))
+    cases.append(("leave_one_out combine_groups", lambda: gp.leave_one_out(obs, combine_groups=1), r"`combine_groups` must be a bool"))
+    cases.append(
+        (
+            "leave_one_out_log_density combine_groups",
+            lambda: gp.leave_one_out_log_density(obs, combine_groups="no"),
+            r"`combine_groups` must be a bool",
+        )
+    )
+    cases.append(("leave_one_out obs", lambda: gp.leave_one_out((X, y)), r"`obs`"))
     return cases
 
 
