@@ -77,7 +77,9 @@ def main():
         first, steady = timed(fn)
         budget = 3 * steady + 3.0
         worst = max(worst, first / budget)
-        print(f"{name:>14}: first {first:7.2f} s, steady {steady:7.2f} s, first / (3 steady + 3 s) = {first / budget:.2f}")
+        print(
+            f"{name:>14}: first {first:7.2f} s, steady {steady:7.2f} s, first / (3 steady + 3 s) = {first / budget:.2f}"
+        )
     name = "real_sizes_first_call_budget_ratio" + ("_persistent_cache" if cache else "")
     print(f"RESULT {name} {worst:.3f}")
 

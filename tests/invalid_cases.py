@@ -275,7 +275,9 @@ def _hyperparameter_cases(X, y, G, gp):
         ("starts", dict(starts=0)),
     ]:
         cases.append((f"minimize {kw!r}", lambda kw=kw: eqgp.minimize(gp, nll, obs, **kw), f"`{name}`"))
-    cases.append(("minimize starts without a batch", lambda: eqgp.minimize(gp, nll, obs, starts=3), r"leading axis of size 3"))
+    cases.append(
+        ("minimize starts without a batch", lambda: eqgp.minimize(gp, nll, obs, starts=3), r"leading axis of size 3")
+    )
     cases.append(("minimize loss None", lambda: eqgp.minimize(gp, None, obs), r"`loss` must be a callable"))
     cases.append(("minimize loss string", lambda: eqgp.minimize(gp, "nll", obs), r"`loss` must be a callable"))
     cases.append(
@@ -285,16 +287,28 @@ def _hyperparameter_cases(X, y, G, gp):
             r"eqgp.minimize cannot run under jit",
         )
     )
-    cases.append(("initialise kernel", lambda: eqgp.initialise(kernels.RBF(), obs), r"`gp` must be an eqgp.GaussianProcess"))
+    cases.append(
+        ("initialise kernel", lambda: eqgp.initialise(kernels.RBF(), obs), r"`gp` must be an eqgp.GaussianProcess")
+    )
     cases.append(("initialise obs tuple", lambda: eqgp.initialise(gp, (X, y)), r"`obs` must be an eqgp.Observations"))
     cases.append(("initialise starts 0", lambda: eqgp.initialise(gp, obs, starts=0), r"`starts`"))
     cases.append(("initialise starts float", lambda: eqgp.initialise(gp, obs, starts=2.0), r"`starts`"))
     cases.append(
-        ("fit_hyperparameters objective", lambda: eqgp.fit_hyperparameters(gp, obs, objective="nll"), r"`objective` must be one of")
+        (
+            "fit_hyperparameters objective",
+            lambda: eqgp.fit_hyperparameters(gp, obs, objective="nll"),
+            r"`objective` must be one of",
+        )
     )
     cases.append(("fit_hyperparameters starts", lambda: eqgp.fit_hyperparameters(gp, obs, starts=-2), r"`starts`"))
     cases.append(("profile not a bool", lambda: gp.log_marginal_likelihood(obs, profile="yes"), r"`profile`"))
-    cases.append(("leave_one_out combine_groups", lambda: gp.leave_one_out(obs, combine_groups=1), r"`combine_groups` must be a bool"))
+    cases.append(
+        (
+            "leave_one_out combine_groups",
+            lambda: gp.leave_one_out(obs, combine_groups=1),
+            r"`combine_groups` must be a bool",
+        )
+    )
     cases.append(
         (
             "leave_one_out_log_density combine_groups",
