@@ -16,7 +16,7 @@ from ._observations import Observations
 from ._operators import AbstractOperator, Value
 from ._parameters import inverse_softplus as positive_raw, positive
 from ._prior import ConstantMean, ZeroMean, covariance, group_mean, group_noise, noise_per_group, prior
-from ._solvers import AbstractSolver, AbstractSolverState, Cholesky, default_solver
+from ._solvers import AbstractSolver, AbstractSolverState, default_solver
 
 # Default lower bounds of the noise variance per dtype (`GaussianProcess(noise_floor=...)`).
 _NOISE_FLOOR = {jnp.dtype(jnp.float32): 1e-4, jnp.dtype(jnp.float64): 1e-10}
@@ -196,10 +196,7 @@ class GaussianProcess(eqx.Module):
         if r.shape[0] == 0:
             empty = lambda i, *extra: jnp.zeros(i.shape + extra, r.dtype)  # noqa: E731
             return [(empty(i), empty(i, i.shape[-1]), empty(i), empty(i, i.shape[-1])) for i in index]
-        if isinstance(self.solver, Cholesky) and (self.solver.jitter or self.solver.max_tries):
-            L = self.solver.init(cov).factor  # its jitter and retries (as fit_hyperparameters trains)
-        else:
-            L = cholesky(cov.as_matrix(), 0.0, message=_LOO_NOT_PD)
+        L = self.solver.dense_factor(cov, _LOO_NOT_PD)  # with its jitter/retries where it has them
         Kinv = cholesky_inverse(L)
         alpha = jax.scipy.linalg.cho_solve((L, True), r)
         out = []

@@ -24,7 +24,6 @@ from ._observations import Observations
 from ._operators import Value, ValueAndGradient
 from ._parameters import inverse_softplus
 from ._prior import ConstantMean
-from ._solvers import Cholesky
 
 
 def _set_raw(module, where, value):
@@ -218,9 +217,6 @@ def _jitter_lengthscales(model, key, log_spread: float):
 _OBJECTIVES = ("likelihood", "profile", "loo")
 
 
-_ROBUST_TRIES = 4  # Cholesky retries (tenfold jitter each) while fit_hyperparameters trains
-
-
 def fit_hyperparameters(
     gp,
     obs: Observations,
@@ -247,10 +243,11 @@ def fit_hyperparameters(
     **Interpolation.** Deterministic data (a simulator, SMT's test functions) drives the
     noise towards zero, where a plain Cholesky factorisation of gradient observations fails.
     With the default dense solver (`Cholesky()`), training and the returned model use
-    `Cholesky(jitter, max_tries=4)`: where a factorisation fails it retries with a growing
-    jitter (from `1e-8` of the mean prior variance, in float64) and warns with the jitter it
-    needed, so the line search keeps its footing instead of stopping the run (as scikit-learn
-    treats a failed factorisation). Other solvers are kept as given.
+    `Cholesky(jitter, max_tries=4)` (the solver's `for_training()`): where a factorisation
+    fails it retries with a growing jitter (from `1e-8` of the mean prior variance, in
+    float64) and warns with the jitter it needed, so the line search keeps its footing
+    instead of stopping the run (as scikit-learn treats a failed factorisation). Other
+    solvers are kept as given.
 
     **Input scales.** Give inputs comparable ranges (e.g. scale them to the unit box and
     the gradients by the box widths, as SMT's kriging does internally): a derivative's
@@ -263,8 +260,8 @@ def fit_hyperparameters(
     """
     if objective not in _OBJECTIVES:
         raise ValueError(f"`objective` must be one of {_OBJECTIVES}; got {objective!r}.")
-    if isinstance(getattr(gp, "solver", None), Cholesky) and gp.solver.max_tries == 0:
-        gp = eqx.tree_at(lambda m: m.solver, gp, Cholesky(gp.solver.jitter, _ROBUST_TRIES))
+    if hasattr(gp, "solver"):  # (initialise names a wrong `gp`)
+        gp = eqx.tree_at(lambda m: m.solver, gp, gp.solver.for_training())
     start = initialise(gp, obs, starts=starts, key=key)
     loss = _LOSSES[objective]
     model, report = minimize(

@@ -9,6 +9,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._covariance import Covariance
 from .._jit import full_precision
+from .._linalg import cholesky
 
 
 class AbstractSolverState(eqx.Module):
@@ -54,6 +55,17 @@ class AbstractSolver(eqx.Module, Generic[_State]):
     def for_prediction(self, state: _State) -> _State:
         """The state a `Posterior` keeps: `state`, or one extended with caches that make
         predictions cheaper (e.g. a Lanczos cache for variances). Called once per `condition`."""
+
+    def for_training(self) -> "AbstractSolver":
+        """The solver `eqgp.fit_hyperparameters` trains (and returns its model) with: this one,
+        or one that survives the line search's trial points (`Cholesky`: jitter retries)."""
+        return self
+
+    def dense_factor(self, cov: Covariance, message: str) -> Float[Array, "R R"]:
+        """The lower Cholesky factor of `cov.as_matrix()`, regularised as this solver
+        regularises its own work (by default not at all; `message` on failure). For the
+        closed-form leave-one-out, which needs `K^{-1}` densely whatever the solver."""
+        return cholesky(cov.as_matrix(), 0.0, message=message)
 
     @abc.abstractmethod
     def inv_quad(self, state: _State, B: Float[Array, "R k"], diagonal: bool) -> Array:

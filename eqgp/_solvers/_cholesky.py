@@ -13,8 +13,18 @@ from ._abstract import AbstractPullbackSolver, AbstractSolverState
 
 
 class _CholeskyState(AbstractSolverState):
-    factor: Float[Array, "R R"]  # lower Cholesky factor of K (jitter included)
+    # The lower Cholesky factor L of K (jitter included), held transposed: LAPACK writes L
+    # column-major, which is L^T row-major, so holding L^T (and reading `factor`, a
+    # transpose) lets XLA bitcast instead of copying the matrix into and out of LAPACK.
+    factor_t: Float[Array, "R R"]
 
+    @property
+    def factor(self) -> Float[Array, "R R"]:
+        return self.factor_t.T
+
+
+# Retries (tenfold jitter each) of the solver `for_training` hands to fit_hyperparameters.
+_TRAINING_TRIES = 4
 
 # Above this condition number a float32 factorisation keeps fewer than ~2 correct digits.
 _FLOAT32_COND = 1e5
@@ -63,7 +73,15 @@ class Cholesky(AbstractPullbackSolver[_CholeskyState]):
             scale = jnp.where(kernel > 0, kernel, jnp.mean(jnp.diagonal(A)))
         L = cholesky(A, self.jitter, self.max_tries, scale=scale, indefinite=INDEFINITE)
         _check_float32(L)
-        return _CholeskyState(L)
+        return _CholeskyState(L.T)
+
+    def for_training(self) -> "Cholesky":
+        # Deterministic data drives the noise to where a plain factorisation fails: retry
+        # with jitter (warned) rather than end the run at a line search's trial point.
+        return self if self.max_tries else Cholesky(self.jitter, _TRAINING_TRIES)
+
+    def dense_factor(self, cov: Covariance, message: str):
+        return self.init(cov).factor if self.jitter or self.max_tries else super().dense_factor(cov, message)
 
     def solve(self, state, B):
         return jsl.cho_solve((state.factor, True), B)
@@ -92,7 +110,7 @@ class Cholesky(AbstractPullbackSolver[_CholeskyState]):
         S = rows[:, R1:] - L21 @ L21.T
         L22 = cholesky(0.5 * (S + S.T), self.jitter, self.max_tries)
         L = jnp.block([[L11, jnp.zeros((R1, L22.shape[0]), L11.dtype)], [L21, L22]])
-        new = _CholeskyState(L)
+        new = _CholeskyState(L.T)
         return new, self.solve(new, residual)
 
 
