@@ -183,6 +183,7 @@ def test_fit_hyperparameters_recipe_improves_its_own_objective():
         eqgp.fit_hyperparameters(_gp(), obs, objective="mle")
 
 
+@pytest.mark.slow  # CI's slow stage (keeps the main suite under ~5 min on 2 cores)
 def test_fit_hyperparameters_interpolates_deterministic_data_without_failing():
     # Rosenbrock (a quartic): the likelihood drives the noise to where a plain Cholesky of the
     # gradient rows fails; the recipe's retries with jitter keep the line search going.
