@@ -429,6 +429,121 @@ def _warp_smoothness(warp) -> float:
     return math.inf
 
 
+class Invariant(AbstractKernel):
+    """A kernel invariant under a finite group `G` acting on the inputs: for molecules, the
+    permutations of identical atoms acting on the Cartesian coordinates (sGDML's `perms`).
+
+    - `one_sided=True` (default): `k_G(x1, x2) = (1/|G|) sum_g k(x1, g x2)`, |G| kernel
+      evaluations per pair (sGDML's symmetrised kernel). It is a symmetric positive
+      semi-definite kernel when `k(g x1, g x2) = k(x1, x2)` for every `g` (the base kernel
+      is itself unchanged by moving both points together: an isotropic kernel on
+      Cartesian coordinates or on interatomic distances, a single-lengthscale kernel
+      warped through a permutation-invariant descriptor).
+    - `one_sided=False`: `(1/|G|^2) sum_h sum_g k(h x1, g x2)`, |G|^2 evaluations per pair,
+      a covariance for any base kernel (e.g. ARD lengthscales).
+
+    Either way `k_G(g x1, x2) = k_G(x1, g x2) = k_G(x1, x2)`, and every derivative block
+    (forces, Hessians) still comes from autodiff of this function. The group elements are
+    evaluated as one batch (`vmap`), not a Python loop. The mean over the group keeps the
+    prior variance at the base kernel's for a point that the group leaves unchanged and
+    lowers it towards `1/|G|` of it for a point far from all its images (the signal
+    variance hyper-parameter absorbs this when it is trained).
+
+    Give the group as `permutations` `(G, D)`, each row a permutation of `range(D)` with
+    `(g x)[i] = x[perm[i]]`, or as `maps` `(G, D, D)` (constant matrices, `g x = M x`;
+    not trained). The group must contain the identity and be closed under composition
+    (checked for permutations).
+    """
+
+    kernel: AbstractKernel
+    maps: Float[Array, "G D D"] | None
+    permutations: tuple[tuple[int, ...], ...] | None = eqx.field(static=True)
+    one_sided: bool = eqx.field(static=True)
+
+    def __init__(self, kernel: AbstractKernel, permutations=None, *, maps=None, one_sided: bool = True):
+        if not isinstance(kernel, AbstractKernel):
+            raise TypeError(f"`kernel` must be an eqgp kernel; got {type(kernel).__name__}.")
+        if (permutations is None) == (maps is None):
+            raise ValueError("give exactly one of `permutations` (G, D) and `maps` (G, D, D).")
+        if not isinstance(one_sided, bool):
+            raise TypeError(f"`one_sided` must be a bool; got {one_sided!r}.")
+        self.kernel = kernel
+        self.one_sided = one_sided
+        if permutations is not None:
+            P = np.asarray(permutations)
+            if P.ndim != 2 or P.shape[0] == 0 or not np.issubdtype(P.dtype, np.integer):
+                raise ValueError(
+                    f"`permutations` must be a non-empty (G, D) array of integers; got {np.shape(permutations)} "
+                    f"of {P.dtype}."
+                )
+            D = P.shape[1]
+            ident = np.arange(D)
+            for row in P:
+                if not np.array_equal(np.sort(row), ident):
+                    raise ValueError(
+                        f"`permutations`: every row must be a permutation of range({D}); got {row.tolist()}."
+                    )
+            rows = {tuple(int(i) for i in row) for row in P}
+            if len(rows) != P.shape[0]:
+                raise ValueError("`permutations` has repeated rows (each group element once).")
+            if tuple(ident) not in rows:
+                raise ValueError("`permutations` must contain the identity (a group does).")
+            for a in rows:
+                for b in rows:
+                    if tuple(np.asarray(a)[list(b)]) not in rows:
+                        raise ValueError(
+                            "`permutations` is not closed under composition (not a group): add the compositions, "
+                            "e.g. with eqgp.kernels.Invariant.closure."
+                        )
+            self.permutations = tuple(tuple(int(i) for i in row) for row in P)
+            self.maps = None
+        else:
+            M = jnp.asarray(maps)
+            if M.ndim != 3 or M.shape[0] == 0 or M.shape[1] != M.shape[2] or not jnp.issubdtype(M.dtype, jnp.floating):
+                raise ValueError(f"`maps` must be a non-empty (G, D, D) float array; got {M.shape} of {M.dtype}.")
+            self.maps = M
+            self.permutations = None
+
+    @staticmethod
+    def closure(permutations) -> np.ndarray:
+        """The smallest group of permutations containing `permutations` and the identity."""
+        P = np.asarray(permutations)
+        if P.ndim != 2 or not np.issubdtype(P.dtype, np.integer):
+            raise ValueError(f"`permutations` must be a (G, D) array of integers; got {P.shape} of {P.dtype}.")
+        group = {tuple(range(P.shape[1]))} | {tuple(int(i) for i in row) for row in P}
+        while True:
+            new = {tuple(np.asarray(a)[list(b)]) for a in group for b in group} - group
+            if not new:
+                return np.asarray(sorted(group))
+            group |= new
+
+    @property
+    def size(self) -> int:
+        return len(self.permutations) if self.permutations is not None else self.maps.shape[0]
+
+    @property
+    def smoothness(self) -> float:
+        return self.kernel.smoothness
+
+    def _images(self, x: Float[Array, " D"]) -> Float[Array, "G D"]:
+        if self.permutations is not None:
+            return x[jnp.asarray(self.permutations)]
+        return jax.lax.stop_gradient(self.maps).astype(x.dtype) @ x
+
+    def __call__(self, x1: Float[Array, " D"], x2: Float[Array, " D"]) -> Float[Array, ""]:
+        _check_pair(x1, x2)
+        D = len(self.permutations[0]) if self.permutations is not None else self.maps.shape[-1]
+        if x1.shape[-1] != D:
+            raise ValueError(
+                f"eqgp.kernels.Invariant: the group acts on {D} dimensions; the points have {x1.shape[-1]}."
+            )
+        images2 = self._images(x2)
+        if self.one_sided:
+            return jnp.mean(jax.vmap(lambda z: self.kernel(x1, z))(images2))
+        images1 = self._images(x1)
+        return jnp.mean(jax.vmap(lambda a: jax.vmap(lambda b: self.kernel(a, b))(images2))(images1))
+
+
 class ActiveDims(AbstractKernel):
     """`kernel(x1[dims], x2[dims])`: a kernel that sees only some input dimensions (as
     GPyTorch's `active_dims`), e.g. one kernel per group of inputs in a sum.

@@ -9,6 +9,7 @@ from ._kernels import (
     AbstractVarianceKernel as AbstractVarianceKernel,
     ActiveDims as ActiveDims,
     Constant as Constant,
+    Invariant as Invariant,
     Linear as Linear,
     Matern12 as Matern12,
     Matern32 as Matern32,

@@ -22,7 +22,7 @@ PUBLIC = {
     ],
     "eqgp.kernels": [
         "AbstractKernel", "AbstractLengthscaleKernel", "ActiveDims", "AbstractMatern", "AbstractStationaryKernel",
-        "AbstractVarianceKernel", "Constant", "Linear", "Matern12", "Matern32", "Matern52", "Periodic",
+        "AbstractVarianceKernel", "Constant", "Invariant", "Linear", "Matern12", "Matern32", "Matern52", "Periodic",
         "Polynomial", "Product", "RBF", "RationalQuadratic", "Sum", "Warped", "White",
     ],
     "eqgp.ops": ["linear_recurrence", "linear_recurrence_reference", "native_platforms", "sumcumprod",
