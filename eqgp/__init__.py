@@ -42,3 +42,4 @@ from ._solvers import (
     ConjugateGradient as ConjugateGradient,
     StructuredGradients as StructuredGradients,
 )
+from ._symmetry import molecular_permutations as molecular_permutations
