@@ -112,6 +112,7 @@ def test_minimize_multistart_keeps_the_best_start():
         eqgp.minimize(starts, loss, obs, starts=4)
 
 
+@pytest.mark.slow  # CI's slow stage (keeps the main suite under ~5 min on 2 cores)
 def test_minimize_keeps_the_model_when_a_step_fails():
     obs = _obs(6)
 

@@ -98,3 +98,26 @@ def test_invariant_refuses_points_of_another_dimension():
     k = kernels.Invariant(kernels.RBF(), [[0, 1, 2]])
     with pytest.raises(ValueError, match="acts on 3 dimensions"):
         eqgp.gram(k, np.ones((2, 4)), np.ones((2, 4)))
+
+
+def test_forces_only_reproduce_the_energy_up_to_a_constant():
+    # A Morse potential of three atoms in 2-D. Forces are -dE/dx: observed as gradients -F.
+    def energy(x):
+        r = x.reshape(3, 2)
+        d = jnp.sqrt(jnp.sum((r[:, None] - r[None]) ** 2, axis=-1) + jnp.eye(3))
+        pair = (1 - jnp.exp(-1.5 * (d - 1.0))) ** 2
+        return 0.5 * jnp.sum(pair * (1 - jnp.eye(3))) + 7.0  # the offset forces cannot see
+
+    eq = jnp.array([[0.0, 0.0, 1.0, 0.0, 0.5, 0.87]], jnp.float64)
+    X = eq + 0.1 * jax.random.normal(jax.random.key(5), (40, 6), jnp.float64)
+    F = -jax.vmap(jax.grad(energy))(X)
+    obs = eqgp.Observations((eqgp.Gradient(), X, -F))  # forces only
+    gp = eqgp.GaussianProcess(kernels.RBF(0.6, variance=0.5), mean=0.0, noise=1e-8)
+    post = gp.condition(obs)
+    Xt = eq + 0.1 * jax.random.normal(jax.random.key(6), (20, 6), jnp.float64)
+    E, Et = post.mean(Xt), jax.vmap(energy)(Xt)
+    spread = float(jnp.std(Et))
+    rms = float(jnp.sqrt(jnp.mean(((E - E.mean()) - (Et - Et.mean())) ** 2)))
+    assert rms < 0.1 * spread  # measured: 0.048 (one test configuration lies far out)
+    dF = post.mean(Xt, eqgp.Gradient()) - jax.vmap(jax.grad(energy))(Xt)
+    assert float(jnp.sqrt(jnp.mean(dF**2))) < 0.25 * float(jnp.std(F))  # measured: 0.16
