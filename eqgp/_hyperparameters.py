@@ -15,6 +15,7 @@ from ._kernels import (
     AbstractStationaryKernel,
     AbstractVarianceKernel,
     ActiveDims,
+    Invariant,
     Product,
     Sum,
     Warped,
@@ -39,6 +40,8 @@ def _with_lengthscales(kernel: AbstractKernel, Z: np.ndarray, variance: float) -
     if isinstance(kernel, ActiveDims):
         inner = _with_lengthscales(kernel.kernel, Z[:, list(kernel.dims)], variance)
         return eqx.tree_at(lambda k: k.kernel, kernel, inner)
+    if isinstance(kernel, Invariant):  # the group's images of a point have its spread
+        return eqx.tree_at(lambda k: k.kernel, kernel, _with_lengthscales(kernel.kernel, Z, variance))
     if isinstance(kernel, Sum):
         k1 = _with_lengthscales(kernel.kernel1, Z, variance / 2)
         k2 = _with_lengthscales(kernel.kernel2, Z, variance / 2)
@@ -65,8 +68,8 @@ def _with_lengthscales(kernel: AbstractKernel, Z: np.ndarray, variance: float) -
 
 def scale_signal(kernel: AbstractKernel, factor) -> AbstractKernel:
     """`kernel` with its signal variance multiplied by `factor` (every term of a sum; the
-    first factor of a product; through `Warped` and `ActiveDims`)."""
-    if isinstance(kernel, (Warped, ActiveDims)):
+    first factor of a product; through `Warped`, `ActiveDims` and `Invariant`)."""
+    if isinstance(kernel, (Warped, ActiveDims, Invariant)):
         return eqx.tree_at(lambda k: k.kernel, kernel, scale_signal(kernel.kernel, factor))
     if isinstance(kernel, Sum):
         both = (scale_signal(kernel.kernel1, factor), scale_signal(kernel.kernel2, factor))
@@ -96,8 +99,9 @@ def initialise(gp, obs: Observations, *, starts: int = 1, key=None, spread: floa
     starting point for training (`eqgp.fit_hyperparameters`, `eqgp.minimize`, `eqgp.fit`).
 
     - **Lengthscales**: per input dimension, the standard deviation of the inputs (all groups'
-      points; the geometric mean for a scalar lengthscale). Through `kernels.Warped` the warped
-      features' spread, through `kernels.ActiveDims` the dimensions the kernel sees.
+      points; the geometric mean for a scalar lengthscale; through `kernels.Invariant` the
+      same). Through `kernels.Warped` the warped features' spread, through
+      `kernels.ActiveDims` the dimensions the kernel sees.
     - **Signal variance**: the variance of the value targets about their mean; with
       derivative observations, each output's second moment over the prior variance that
       output has at unit signal variance (for an RBF, `E[(df/dx_d)^2] = variance / l_d^2`), so
@@ -199,7 +203,7 @@ def initialise(gp, obs: Observations, *, starts: int = 1, key=None, spread: floa
 
 def _jitter_lengthscales(model, key, log_spread: float):
     def walk(kernel, key):
-        if isinstance(kernel, (Warped, ActiveDims)):
+        if isinstance(kernel, (Warped, ActiveDims, Invariant)):
             return eqx.tree_at(lambda k: k.kernel, kernel, walk(kernel.kernel, key))
         if isinstance(kernel, (Sum, Product)):
             k1, k2 = jax.random.split(key)

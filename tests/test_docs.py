@@ -28,6 +28,7 @@ def test_every_tutorial_and_the_readme_have_code():
 # Pages whose code trains for a while: run in CI's slow stage (`pytest -m slow`).
 SLOW_PAGES = {
     "docs/tutorials/bayesian_optimisation.md",
+    "docs/tutorials/force_fields.md",
     "docs/tutorials/hyperparameters.md",
     "docs/tutorials/large_scale.md",
     "docs/tutorials/observations.md",
