@@ -50,7 +50,7 @@ def main():
     state = opt.init(eqx.filter(gp, eqx.is_inexact_array))
 
     @eqx.filter_jit
-    def step(gp, state, key):
+    def step(gp, state, key, obs):
         loss, grads = eqx.filter_value_and_grad(lambda m: -m.log_marginal_likelihood(obs, key=key) / obs.size)(gp)
         updates, state = opt.update(grads, state, eqx.filter(gp, eqx.is_inexact_array))
         return eqx.apply_updates(gp, updates), state, loss
@@ -58,7 +58,7 @@ def main():
     t0 = time.perf_counter()
     bar = tqdm(range(args.steps), desc="hyper-parameter steps")
     for i in bar:
-        gp, state, loss = step(gp, state, jax.random.key(i))
+        gp, state, loss = step(gp, state, jax.random.key(i), obs)
         bar.set_postfix(loss=f"{float(loss):.4f}", lengthscale=f"{float(gp.kernel.lengthscale):.3f}")
     train = time.perf_counter() - t0
 

@@ -50,6 +50,7 @@ def test_invariant_kernel_equals_the_explicit_mean_and_its_forces_match_finite_d
         assert_close(K, fd, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # CI's slow stage (keeps the main suite under ~5 min on 2 cores)
 def test_invariant_gp_predicts_the_same_at_permuted_points():
     def energy(x):  # symmetric in atoms 1 and 2
         r = x.reshape(3, 2)
@@ -100,6 +101,7 @@ def test_invariant_refuses_points_of_another_dimension():
         eqgp.gram(k, np.ones((2, 4)), np.ones((2, 4)))
 
 
+@pytest.mark.slow  # CI's slow stage (keeps the main suite under ~5 min on 2 cores)
 def test_forces_only_reproduce_the_energy_up_to_a_constant():
     # A Morse potential of three atoms in 2-D. Forces are -dE/dx: observed as gradients -F.
     def energy(x):
