@@ -124,6 +124,7 @@ def test_pullbacks_equal_autodiff_of_the_dense_matrix(kernel):
             assert_close(c, a, rtol=1e-10, atol=1e-11)
 
 
+@pytest.mark.slow  # CI's slow stage (keeps the main suite under ~5 min on 2 cores)
 def test_lml_gradient_wrt_points_and_kernel_equals_dense_autodiff():
     groups = _groups(jax.random.key(6), D=2)[:3]
     targets = [jax.random.normal(jax.random.key(i), (X.shape[0], op.size(2))) for i, (op, X) in enumerate(groups)]

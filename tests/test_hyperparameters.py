@@ -127,6 +127,7 @@ def test_minimize_keeps_the_model_when_a_step_fails():
     assert np.isfinite(report.loss) and bool(jnp.all(jax.nn.softplus(model.kernel.raw_lengthscale) <= 1.0))
 
 
+@pytest.mark.slow  # CI's slow stage (keeps the main suite under ~5 min on 2 cores)
 def test_minimize_compiles_once_for_a_repeated_workload():
     traces = []
 
