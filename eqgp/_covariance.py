@@ -14,7 +14,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from jaxtyping import Array, Float
 
-from ._gram import _block, _operator_diag, _operator_gram, check_smoothness
+from ._gram import _block, _operator_diag, _operator_gram, _structured_cross, check_smoothness
 from ._kernels import AbstractKernel, scalar_call
 from ._operators import AbstractOperator
 
@@ -279,7 +279,8 @@ def _symmetric_pullback(kernel, groups, W) -> Array:
     """`<W, K(kernel, groups)>` for a symmetric `W`, visiting each pair of points once.
 
     K is symmetric, so its pullback needs only the block pairs on and above the diagonal;
-    the pairs form one flat vmap (no layout transposes in the backward pass)."""
+    the pairs form one flat vmap (no layout transposes in the backward pass). A kernel
+    with a structured gram (a warp, a group average) takes that path for whole blocks."""
     sizes = _sizes(groups)
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     total = jnp.zeros((), W.dtype)
@@ -290,8 +291,13 @@ def _symmetric_pullback(kernel, groups, W) -> Array:
             P1, P2 = op1.size(D), op2.size(D)
             if N == 0 or M == 0 or P1 == 0 or P2 == 0:
                 continue
+            block = W[offsets[g] : offsets[g + 1], offsets[h] : offsets[h + 1]]
+            gram = _structured_cross(kernel, op1, X1, op2, X2, "blocked")
+            if gram is not None:  # a structured gram (eqgp._gram): the whole block at once
+                total = total + (1.0 if g == h else 2.0) * jnp.sum(block * gram)
+                continue
             i, j, w = _pair_indices(N, M, g == h)
-            block = W[offsets[g] : offsets[g + 1], offsets[h] : offsets[h + 1]].reshape(P1, N, P2, M)
+            block = block.reshape(P1, N, P2, M)
             Wp = block[:, i, :, j]  # (pairs, P1, P2)
             blocks = eqx.filter_vmap(_block(kernel, op1, op2))(X1[i], X2[j])
             total = total + jnp.sum(jnp.asarray(w, W.dtype)[:, None, None] * blocks * Wp)

@@ -9,7 +9,7 @@ from jaxtyping import Array, Float
 
 from ._checks import as_points, check_same_dtype
 from ._jit import jit
-from ._kernels import AbstractKernel, scalar_call
+from ._kernels import AbstractKernel, Constant, Invariant, Product, Warped, scalar_call
 from ._operators import AbstractOperator, ValueAndGradient
 
 Layout = Literal["blocked", "interleaved"]
@@ -49,12 +49,11 @@ def _block(kernel, op1: AbstractOperator, op2: AbstractOperator):
     return lambda x1, x2: op1.apply(lambda a: op2.apply(lambda b: k(a, b), x2), x1)
 
 
-def _cross(kernel, op1: AbstractOperator, X1, op2: AbstractOperator, X2, layout: Layout):
-    """cov(op1 f(X1_i), op2 f(X2_j)) for all pairs, reshaped straight into the layout."""
-    N, D = X1.shape
-    M = X2.shape[0]
-    P1, P2 = op1.size(D), op2.size(D)
-
+def _pairs(pair, P1, P2, A1, A2, layout: Layout):
+    """`pair(a1, a2)` (a `(P1, P2)` block) for every pair of per-point data `A1`, `A2`
+    (pytrees with the points on the leading axis), reshaped straight into the layout."""
+    N = jax.tree.leaves(A1)[0].shape[0]
+    M = jax.tree.leaves(A2)[0].shape[0]
     # Map straight into the final order instead of building (N, M, P1, P2) and
     # transposing it: the layout is where the time goes for large grams.
     if layout == "blocked":  # (P1, N, P2, M)
@@ -62,9 +61,99 @@ def _cross(kernel, op1: AbstractOperator, X1, op2: AbstractOperator, X2, layout:
     else:  # (N, P1, M, P2)
         inner, outer = 1, 0
     mapped = eqx.filter_vmap(
-        eqx.filter_vmap(_block(kernel, op1, op2), in_axes=(None, 0), out_axes=inner), in_axes=(0, None), out_axes=outer
+        eqx.filter_vmap(pair, in_axes=(None, 0), out_axes=inner), in_axes=(0, None), out_axes=outer
     )
-    return mapped(X1, X2).reshape(N * P1, M * P2)
+    return mapped(A1, A2).reshape(N * P1, M * P2)
+
+
+def _cross(kernel, op1: AbstractOperator, X1, op2: AbstractOperator, X2, layout: Layout):
+    """cov(op1 f(X1_i), op2 f(X2_j)) for all pairs, reshaped straight into the layout."""
+    D = X1.shape[1]
+    P1, P2 = op1.size(D), op2.size(D)
+    structured = _structured_cross(kernel, op1, X1, op2, X2, layout)
+    if structured is not None:
+        return structured
+    return _pairs(_block(kernel, op1, op2), P1, P2, X1, X2, layout)
+
+
+# Structured grams. Autodiff of the scalar kernel pair by pair recomputes a warp (a
+# descriptor) and its derivatives for every pair, and averages an invariant kernel's group
+# inside every pair's derivatives. For observations of at most first derivatives (values,
+# gradients, partial and directional derivatives) the chain rule needs only each point's
+# warp value and Jacobian: `k(w1 + J1 (a - x1), w2 + J2 (b - x2))`, differentiated in `a`,
+# `b` at `x1`, `x2`, has exactly the first derivatives of `k(warp(a), warp(b))`. So the
+# warp is evaluated once per point, and an invariant kernel's gram is the sum over the
+# group of grams against the permuted points (one at a time, in a scan). Every block is
+# still autodiff of the scalar kernel; these are exact, not approximations.
+
+
+def _first_order(*ops: AbstractOperator) -> bool:
+    return all(op.order is not None and op.order <= 1 for op in ops)
+
+
+def _linearised_pair(kernel, op1: AbstractOperator, op2: AbstractOperator):
+    k = scalar_call(kernel)
+
+    def pair(a1, a2):
+        x1, w1, J1 = a1
+        x2, w2, J2 = a2
+        return op1.apply(lambda a: op2.apply(lambda b: k(w1 + J1 @ (a - x1), w2 + J2 @ (b - x2)), x2), x1)
+
+    return pair
+
+
+def _warp_points(warp, X, perm=None, inverse=None):
+    """`(X, warp(X), d warp / dX)` per point; with `perm`, of `x -> warp(x[perm])`."""
+    Y = X if perm is None else X[:, perm]
+    W = jax.vmap(lambda y: warp(y))(Y)
+    J = jax.vmap(jax.jacfwd(lambda y: warp(y)))(Y)
+    if perm is not None:  # d warp(x[perm]) / dx: the columns of J at x[perm], moved back
+        J = J[..., inverse]
+    return X, W, J
+
+
+def _structured_cross(kernel, op1, X1, op2, X2, layout: Layout):
+    """The gram by a structured path (see above), or None where none applies."""
+    if not _first_order(op1, op2):
+        return None
+    D = X1.shape[1]
+    P1, P2 = op1.size(D), op2.size(D)
+    if isinstance(kernel, Product) and isinstance(kernel.kernel1, Constant):  # c * k
+        inner = _structured_cross(kernel.kernel2, op1, X1, op2, X2, layout)
+        return None if inner is None else kernel.kernel1.variance.astype(inner.dtype) * inner
+    if isinstance(kernel, Warped):
+        check_smoothness(kernel, op1, op2)
+        pair = _linearised_pair(kernel.kernel, op1, op2)
+        return _pairs(pair, P1, P2, _warp_points(kernel.warp, X1), _warp_points(kernel.warp, X2), layout)
+    if (
+        isinstance(kernel, Invariant)
+        and kernel.permutations is not None
+        and kernel.one_sided
+        and isinstance(kernel.kernel, Warped)
+    ):
+        # (1/|G|) sum_g k(x1, g x2): one gram per group element, against warp(x2[perm_g]).
+        check_smoothness(kernel, op1, op2)
+        base = kernel.kernel
+        perms = np.asarray(kernel.permutations)
+        if perms.shape[1] != D:
+            raise ValueError(
+                f"eqgp.kernels.Invariant: the group acts on {perms.shape[1]} dimensions; the points have {D}."
+            )
+        pair = _linearised_pair(base.kernel, op1, op2)
+        A1 = _warp_points(base.warp, X1)
+
+        @jax.checkpoint  # keep one gram's intermediates, not |G| of them, for reverse mode
+        def term(perm, inverse):
+            return _pairs(pair, P1, P2, A1, _warp_points(base.warp, X2, perm, inverse), layout)
+
+        def body(total, g):
+            return total + term(*g), None
+
+        first = term(jnp.asarray(perms[0]), jnp.asarray(np.argsort(perms[0])))
+        rest = (jnp.asarray(perms[1:]), jnp.asarray(np.argsort(perms[1:], axis=1)))
+        total, _ = jax.lax.scan(body, first, rest)
+        return total / len(perms)
+    return None
 
 
 @jit

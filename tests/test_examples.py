@@ -41,3 +41,16 @@ def test_bayesian_optimisation_study_small_setting():
     assert rmse[10]["gradient GP, n"] < rmse[10]["value GP, n"]
     # The iteration to regret 1e-3: the first index where it holds, 1-based; inf where never.
     assert bo.evaluations_to_reach(np.array([[1.0, 1e-2, 1e-4], [1.0, 1.0, 1.0], [1e-4, 0, 0]]), 1e-3) == 3.0
+
+
+@pytest.mark.slow
+def test_force_field_example_small_setting():
+    pytest.importorskip("tblite", reason="the [chem] extra (CI installs it)")
+    ff = _load("force_field")
+    gap, curves = ff.main(sizes=(5, 10), n_valid=10, n_test=20)
+    assert gap < 1e-2  # the calculator's forces are -dE/dR (measured: 1.1e-3 kcal/mol/Å)
+    plain, symmetric = curves["eqgp plain"], curves["eqgp symmetric"]
+    assert all(np.isfinite(plain)) and all(np.isfinite(symmetric))
+    # More data, smaller errors; the symmetric kernel ahead of the plain one.
+    assert plain[1] < plain[0] and symmetric[1] < symmetric[0]
+    assert symmetric[1] < plain[1]

@@ -1,0 +1,151 @@
+"""eqgp's force fields against sGDML on the same configurations and splits.
+
+Ethanol (9 atoms) along a 500 K Langevin run with GFN2-xTB (`examples/force_field.py`'s
+generator; needs `pip install ase tblite sgdml`). Four models, each trained on forces only
+(the energy offset from the training energies) with its lengthscale chosen on 100 validation
+configurations, tested on 1 000 others:
+
+- GDML and sGDML (`use_sym=True`, its permutations found by its own matching): sGDML's
+  analytic solver, its default lengthscale grid 10..90 (9 models);
+- eqgp plain and symmetric (`kernels.Invariant` over `eqgp.molecular_permutations`): a
+  Matérn-5/2 on inverse distances, its lengthscale grid 2.5..40 (5 models), dense Cholesky.
+
+Each model runs in its own process; printed per size: force MAE (kcal/mol/Å), energy MAE
+(kcal/mol), train time (the whole selection, eqgp's including compilation), time to predict
+energies and forces of the 1 000 test configurations, and the process's peak resident memory
+(its own and its worker processes', imports included). RESULT lines: the largest ratio over
+the sizes of eqgp's symmetric force MAE to sGDML's, and of their train + predict times and
+peak memories (<= 1: eqgp at least as good).
+
+Run: `python benchmarks/force_field.py` (sizes 100 200; `--sizes 100 200 500`).
+"""
+
+import argparse
+import json
+import logging
+import os
+import pathlib
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+MODELS = ("GDML", "sGDML", "eqgp plain", "eqgp symmetric")
+
+
+def _peak_mb() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(own, workers) / 1024
+
+
+def _child(name: str, n: int, path: str) -> dict:
+    sys.path.insert(0, str(EXAMPLES))
+    import force_field as ff
+
+    d = np.load(path)
+    Z, train = d["Z"], (d["R"][:n], d["E"][:n], d["F"][:n])
+    valid, test = (d["Rv"], d["Ev"], d["Fv"]), (d["Rt"], d["Et"], d["Ft"])
+    if name.startswith("eqgp"):
+        import jax.numpy as jnp
+
+        start = time.perf_counter()
+        post, ell = ff.select(Z, train, valid, name.endswith("symmetric"))
+        train_s = time.perf_counter() - start
+        start = time.perf_counter()
+        parts = [  # 250 configurations at a time: the cross-covariance of 1 000 is ~1-3 GB
+            (np.asarray(post.mean(ff.flat(R))), -np.asarray(post.mean(ff.flat(R), ff.eqgp.Gradient())))
+            for R in np.array_split(test[0], 4)
+        ]
+        E_pred, F_pred = (np.concatenate(p) for p in zip(*parts))
+        predict_s = time.perf_counter() - start
+        setting = f"lengthscale {ell:g}"
+        del jnp
+    else:
+        from sgdml.predict import GDMLPredict
+        from sgdml.train import GDMLTrain
+
+        logging.getLogger().setLevel(logging.ERROR)
+        start = time.perf_counter()
+        best = None
+        trainer = GDMLTrain(max_processes=os.cpu_count())
+        for sig in range(10, 100, 10):
+            ds = lambda R, E, F, tag: dict(  # noqa: E731
+                type="d", name=np.array(tag), theory=np.array("GFN2-xTB"), z=Z, R=R, E=E, F=F,
+                r_unit=np.array("Ang"), e_unit=np.array("kcal/mol"),
+            )  # fmt: skip
+            task = trainer.create_task(
+                ds(*train, "train"), n, ds(*valid, "valid"), len(valid[0]), sig=sig, use_sym=name == "sGDML"
+            )
+            model = trainer.train(task)
+            _, f = GDMLPredict(model, max_processes=os.cpu_count()).predict(valid[0].reshape(len(valid[0]), -1))
+            err = np.mean(np.abs(f - valid[2].reshape(len(valid[0]), -1)))
+            if best is None or err < best[0]:
+                best = (err, model, sig)
+        train_s = time.perf_counter() - start
+        start = time.perf_counter()
+        E_pred, F_pred = GDMLPredict(best[1], max_processes=os.cpu_count()).predict(test[0].reshape(len(test[0]), -1))
+        predict_s = time.perf_counter() - start
+        setting = f"sigma {best[2]}, {best[1]['perms'].shape[0]} perms"
+    return {
+        "force_mae": float(np.mean(np.abs(F_pred.reshape(len(test[0]), -1) - test[2].reshape(len(test[0]), -1)))),
+        "energy_mae": float(np.mean(np.abs(E_pred.reshape(-1) - test[1]))),
+        "train_s": train_s,
+        "predict_s": predict_s,
+        "peak_mb": _peak_mb(),
+        "setting": setting,
+    }
+
+
+def main(sizes, n_valid: int = 100, n_test: int = 1000):
+    sys.path.insert(0, str(EXAMPLES))
+    import force_field as ff
+
+    start = time.perf_counter()
+    Z, R, E, F = ff.simulate(max(sizes) + n_valid + n_test)
+    print(f"data: {len(R)} configurations of ethanol in {time.perf_counter() - start:.0f} s; "
+          f"forces vs finite differences: {ff.check_forces(Z, R[0], F[0]):.1e} kcal/mol/Å")  # fmt: skip
+    trains, valid, test = ff.splits((R, E, F), sizes, n_valid, n_test)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in sizes:
+            path = os.path.join(tmp, f"split{n}.npz")
+            np.savez(path, Z=Z, R=trains[n][0], E=trains[n][1], F=trains[n][2], Rv=valid[0], Ev=valid[1],
+                     Fv=valid[2], Rt=test[0], Et=test[1], Ft=test[2])  # fmt: skip
+            for name in MODELS:
+                out = subprocess.run(
+                    [sys.executable, __file__, "--child", name, str(n), path], capture_output=True, text=True
+                )
+                if out.returncode != 0:
+                    raise RuntimeError(f"{name} at n={n} failed:\n{out.stderr[-3000:]}")
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                results[name, n] = r
+                print(
+                    f"n={n:5d} {name:15s} force MAE {r['force_mae']:6.3f}  energy MAE {r['energy_mae']:6.3f}  "
+                    f"train {r['train_s']:7.1f} s  predict {r['predict_s']:6.2f} s  peak {r['peak_mb']:6.0f} MB  "
+                    f"({r['setting']})",
+                    flush=True,
+                )
+    ratio = lambda key: max(results["eqgp symmetric", n][key] / results["sGDML", n][key] for n in sizes)  # noqa: E731
+    both = lambda r: r["train_s"] + r["predict_s"]  # noqa: E731
+    time_ratio = max(both(results["eqgp symmetric", n]) / both(results["sGDML", n]) for n in sizes)
+    plain = max(results["eqgp plain", n]["force_mae"] / results["GDML", n]["force_mae"] for n in sizes)
+    print(f"RESULT force_field_plain_vs_gdml_force_mae_ratio {plain:.3f}")
+    print(f"RESULT force_field_time_ratio {time_ratio:.3f}")
+    print(f"RESULT force_field_peak_memory_ratio {ratio('peak_mb'):.3f}")
+    print(f"RESULT force_field_symmetric_force_mae_ratio {ratio('force_mae'):.3f}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 200])
+    parser.add_argument("--child", nargs=3, metavar=("MODEL", "N", "DATA"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(_child(args.child[0], int(args.child[1]), args.child[2])))
+    else:
+        main(args.sizes)
