@@ -8,7 +8,9 @@ configurations, tested on 1 000 others:
 - GDML and sGDML (`use_sym=True`, its permutations found by its own matching): sGDML's
   analytic solver, its default lengthscale grid 10..90 (9 models);
 - eqgp plain and symmetric (`kernels.Invariant` over `eqgp.molecular_permutations`): a
-  Matérn-5/2 on inverse distances, its lengthscale grid 2.5..40 (5 models), dense Cholesky.
+  Matérn-5/2 on inverse distances, its lengthscale grid 1.25..40 (factor 2, 6 models)
+  refined by the two models a factor sqrt(2) either side of the best (`force_field.select`),
+  dense Cholesky.
 
 Each model runs in its own process; printed per size: force MAE (kcal/mol/Å), energy MAE
 (kcal/mol), train time (the whole selection, eqgp's including compilation), time to predict

@@ -39,7 +39,7 @@ class GaussianProcess(eqx.Module):
     def __init__(
         self,
         kernel: AbstractKernel,
-        mean: Callable | float | None = None,
+        mean: Callable | float | Float[Array | np.ndarray, ""] | None = None,
         noise=1e-2,
         solver: AbstractSolver | None = None,
         noise_floor: float | None = None,

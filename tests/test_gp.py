@@ -258,3 +258,11 @@ def test_compiled_memory_of_the_dense_path_in_covariance_matrices():
     assert temp(lambda p, x: (p.mean(x), p.variance(x)), post, Xs) <= 0.3
     nll_grad = lambda g, o: eqx.filter_grad(lambda g: -g.log_marginal_likelihood(o))(g)  # noqa: E731
     assert temp(nll_grad, gp, obs) <= 3.9
+
+
+def test_constant_mean_accepts_a_scalar_array():
+    """A constant mean computed by JAX (e.g. an energy offset) is a number too."""
+    X = jnp.linspace(0.0, 1.0, 4)[:, None]
+    gp = eqgp.GaussianProcess(kernels.RBF(0.5), mean=jnp.asarray(3.0), noise=1e-4)
+    post = gp.condition(eqgp.Observations((eqgp.Value(), X, jnp.full(4, 3.0))))
+    assert_close(post.mean(X + 5.0), jnp.full(4, 3.0), atol=1e-6)
