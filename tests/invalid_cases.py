@@ -567,4 +567,80 @@ def _round2_cases(X, y, G, gp, post):
             r"`like` does not have the structure",
         )
     )
+    # Invariant kernels and the symmetry helper.
+    base = kernels.Matern52(1.0)
+    swap = [[0, 1, 2, 3], [0, 1, 3, 2]]
+    for name, make, pattern in [
+        (
+            "Invariant of a non-kernel",
+            lambda: kernels.Invariant(lambda a, b: 1.0, swap),
+            r"`kernel` must be an eqgp kernel",
+        ),
+        ("Invariant without a group", lambda: kernels.Invariant(base), r"exactly one of `permutations`"),
+        (
+            "Invariant with both groups",
+            lambda: kernels.Invariant(base, swap, maps=np.eye(4)[None]),
+            r"exactly one of `permutations`",
+        ),
+        (
+            "Invariant float permutations",
+            lambda: kernels.Invariant(base, np.asarray(swap, float)),
+            r"`permutations` must be a non-empty \(G, D\) array of integers",
+        ),
+        (
+            "Invariant non-permutation row",
+            lambda: kernels.Invariant(base, [[0, 1, 2, 3], [0, 0, 2, 3]]),
+            r"every row must be a permutation of range\(4\)",
+        ),
+        ("Invariant without identity", lambda: kernels.Invariant(base, [[0, 1, 3, 2]]), r"must contain the identity"),
+        ("Invariant repeated rows", lambda: kernels.Invariant(base, [[0, 1, 2, 3], [0, 1, 2, 3]]), r"repeated rows"),
+        (
+            "Invariant not a group",
+            lambda: kernels.Invariant(base, [[0, 1, 2, 3], [1, 2, 3, 0]]),
+            r"not closed under composition",
+        ),
+        (
+            "Invariant one_sided not bool",
+            lambda: kernels.Invariant(base, swap, one_sided=1),
+            r"`one_sided` must be a bool",
+        ),
+        (
+            "Invariant maps not square",
+            lambda: kernels.Invariant(base, maps=np.ones((2, 4, 3))),
+            r"`maps` must be a non-empty \(G, D, D\) float array",
+        ),
+        (
+            "Invariant points of another D",
+            lambda: eqgp.gram(kernels.Invariant(base, swap), np.ones((2, 3)), np.ones((2, 3))),
+            r"acts on 4 dimensions; the points have 3",
+        ),
+        (
+            "Invariant warped points of another D",
+            lambda: eqgp.gradient_gram(
+                kernels.Invariant(kernels.Warped(base, jnp.sin), swap), np.ones((2, 3)), np.ones((2, 3))
+            ),
+            r"acts on 4 dimensions; the points have 3",
+        ),
+        (
+            "molecular_permutations numbers 2-D",
+            lambda: eqgp.molecular_permutations(np.ones((2, 2), int), np.zeros((2, 3))),
+            r"`numbers` must be a \(n,\) array",
+        ),
+        (
+            "molecular_permutations positions shape",
+            lambda: eqgp.molecular_permutations([1, 1], np.zeros((3, 3))),
+            r"`positions` must be \(n, 3\) or \(m, n, 3\) with n = 2",
+        ),
+        (
+            "molecular_permutations unknown element",
+            lambda: eqgp.molecular_permutations([1, 250], np.zeros((2, 3))),
+            r"no covalent radius",
+        ),
+        (
+            "molecular_permutations tolerance",
+            lambda: eqgp.molecular_permutations([1, 1], np.eye(2, 3), tolerance=0),
+            r"`tolerance` must be a number > 0",
+        ),
+    ]:
+        cases.append((name, make, pattern))
     return cases
