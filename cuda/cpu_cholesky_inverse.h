@@ -1,5 +1,6 @@
-// The LAPACK routines eqgp_cholesky_inverse[cpu] calls: spotri and dpotri, as the
-// addresses scipy.linalg.cython_lapack exports (set once, at import).
+// The LAPACK routines eqgp_cholesky_inverse[cpu] and eqgp_cholesky_t[cpu] call: ?potri and
+// ?potrf, as the addresses scipy.linalg.cython_lapack exports (set once, at import).
 #pragma once
 
 void EqgpSetLapackPotri(void* spotri, void* dpotri);
+void EqgpSetLapackPotrf(void* spotrf, void* dpotrf);

@@ -13,6 +13,7 @@ namespace py = pybind11;
 XLA_FFI_DECLARE_HANDLER_SYMBOL(EqgpLinearRecurrenceCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(EqgpSumcumprodJvpCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(EqgpCholeskyInverseCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(EqgpCholeskyTCpu);
 
 template <typename T>
 py::capsule EncapsulateFfiHandler(T* fn) {
@@ -28,13 +29,21 @@ PYBIND11_MODULE(_native_cpu, m) {
     d["eqgp_linear_recurrence"] = EncapsulateFfiHandler(EqgpLinearRecurrenceCpu);
     d["eqgp_sumcumprod_jvp"] = EncapsulateFfiHandler(EqgpSumcumprodJvpCpu);
     d["eqgp_cholesky_inverse"] = EncapsulateFfiHandler(EqgpCholeskyInverseCpu);
+    d["eqgp_cholesky_t"] = EncapsulateFfiHandler(EqgpCholeskyTCpu);
     return d;
   });
-  // spotri and dpotri as the PyCapsules of scipy.linalg.cython_lapack.__pyx_capi__.
-  m.def("set_lapack", [](py::capsule spotri, py::capsule dpotri) {
-    void* s = PyCapsule_GetPointer(spotri.ptr(), PyCapsule_GetName(spotri.ptr()));
-    void* d = s == nullptr ? nullptr : PyCapsule_GetPointer(dpotri.ptr(), PyCapsule_GetName(dpotri.ptr()));
-    if (s == nullptr || d == nullptr) throw py::error_already_set();
-    EqgpSetLapackPotri(s, d);
+  // spotri, dpotri, spotrf and dpotrf as the PyCapsules of scipy.linalg.cython_lapack.__pyx_capi__.
+  m.def("set_lapack", [](py::capsule spotri, py::capsule dpotri, py::capsule spotrf, py::capsule dpotrf) {
+    auto get = [](const py::capsule& c) {
+      void* p = PyCapsule_GetPointer(c.ptr(), PyCapsule_GetName(c.ptr()));
+      if (p == nullptr) throw py::error_already_set();
+      return p;
+    };
+    void* si = get(spotri);
+    void* di = get(dpotri);
+    void* sf = get(spotrf);
+    void* df = get(dpotrf);
+    EqgpSetLapackPotri(si, di);
+    EqgpSetLapackPotrf(sf, df);
   });
 }

@@ -42,6 +42,44 @@ def _split(V: Array, groups: Groups) -> list[Array]:
     return out
 
 
+def _slab_rows(R: int, P: int, N: int, itemsize: int, slab_bytes: int | None) -> int:
+    """Points per slab of `P` components against `R` columns."""
+    if slab_bytes is None:
+        slab_bytes = int(min(max(R * R * itemsize // 8, 2**20), 2**26))
+    return int(min(N, max(1, slab_bytes // max(1, P * R * itemsize))))
+
+
+def _dense(kernel, groups: Groups, noise: Array, slab_bytes: int | None) -> Array:
+    """`K(kernel, groups) + diag(noise)`, slab by slab into one buffer (`as_matrix`)."""
+    sizes = _sizes(groups)
+    R = int(sum(sizes))
+    dtype = noise.dtype
+    K = jnp.zeros((R, R), dtype)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+    for g, (op, X) in enumerate(groups):
+        N, D = X.shape
+        P = op.size(D)
+        if N == 0 or P == 0:
+            continue
+        t = _slab_rows(R, P, N, jnp.dtype(dtype).itemsize, slab_bytes)
+        # The last slab starts at N - t (it overlaps the one before rather than running past
+        # the group): every slab has one shape, and rows written twice are equal.
+        starts = jnp.minimum(jnp.arange(-(-N // t)) * t, N - t)
+
+        def write(K, start, op=op, X=X, g=g, N=N, P=P, t=t):
+            Xt = jax.lax.dynamic_slice_in_dim(X, start, t)
+            slab = _operator_gram(kernel, ((op, Xt),), groups).reshape(P, t, R)
+            for p in range(P):  # component p's rows of these points: contiguous
+                first = offsets[g] + p * N + start
+                rows = first + jnp.arange(t)  # their diagonal entries get the noise here
+                block = slab[p].at[jnp.arange(t), rows].add(noise[rows])
+                K = jax.lax.dynamic_update_slice(K, block, (first, 0))
+            return K, None
+
+        K, _ = jax.lax.scan(write, K, starts)
+    return K
+
+
 def _row_function(kernel, op1: AbstractOperator, cols: Groups):
     """`(x, vs) -> (P1,)`: row point `x`'s outputs of the product with one right-hand side.
 
@@ -155,10 +193,30 @@ class Covariance(eqx.Module):
     def dtype(self):
         return self.noise.dtype
 
-    def as_matrix(self) -> Float[Array, "R R"]:
-        """The dense `R x R` matrix (the dense path: memory `R^2`)."""
-        K = _operator_gram(self.kernel, self.groups, self.groups)
-        return K + jnp.diag(self.noise)
+    def as_matrix(self, *, slab_bytes: int | None = None) -> Float[Array, "R R"]:
+        """The dense `R x R` matrix (the dense path: memory `R^2`).
+
+        Built in slabs of rows written into one buffer (a scan of in-place updates), so the
+        matrix is the only covariance-sized value: a slab of `P` components of a tile of
+        points against all columns holds about `slab_bytes` (by default an eighth of the
+        matrix, between 1 and 64 MiB) plus the kernel's intermediates for those pairs."""
+        return _dense(self.kernel, self.groups, self.noise, slab_bytes)
+
+    def leading_block(self, max_rows: int) -> "Covariance":
+        """The covariance of the first points of every group (all their rows), at most about
+        `max_rows` rows: a principal submatrix, whose lowest eigenvalue bounds the whole
+        matrix's from above (Cauchy interlacing)."""
+        R = self.size
+        if R <= max_rows:
+            return self
+        groups, noise, start = [], [], 0
+        for op, X in self.groups:
+            N, P = X.shape[0], op.size(X.shape[1])
+            n = min(N, -(-N * max_rows // R))
+            groups.append((op, X[:n]))
+            noise.append(self.noise[start : start + P * N].reshape(P, N)[:, :n].reshape(-1))
+            start += P * N
+        return Covariance(self.kernel, tuple(groups), jnp.concatenate(noise))
 
     def trailing_rows(self, start: int) -> Float[Array, "R2 R"]:
         """The dense rows from row `start` on (a group boundary) against all columns, noise
@@ -275,15 +333,19 @@ def _pair_indices(N: int, M: int, same: bool):
     return i, j, w
 
 
-def _symmetric_pullback(kernel, groups, W) -> Array:
+def _symmetric_pullback(kernel, groups, W, chunk_bytes: int | None = None) -> Array:
     """`<W, K(kernel, groups)>` for a symmetric `W`, visiting each pair of points once.
 
-    K is symmetric, so its pullback needs only the block pairs on and above the diagonal;
-    the pairs form one flat vmap (no layout transposes in the backward pass). A kernel
-    with a structured gram (a warp, a group average) takes that path for whole blocks."""
+    K is symmetric, so its pullback needs only the block pairs on and above the diagonal.
+    The pairs go in chunks (a scan, each chunk rematerialised in the backward pass), so
+    the reverse pass keeps one chunk's intermediates, not every pair's: about `chunk_bytes`
+    of blocks (by default as a slab of `as_matrix`). A kernel with a structured gram (a
+    warp, a group average) takes that path, in slabs of rows."""
     sizes = _sizes(groups)
+    R = int(sum(sizes))
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     total = jnp.zeros((), W.dtype)
+    itemsize = jnp.dtype(W.dtype).itemsize
     for g, (op1, X1) in enumerate(groups):
         for h in range(g, len(groups)):
             op2, X2 = groups[h]
@@ -291,14 +353,51 @@ def _symmetric_pullback(kernel, groups, W) -> Array:
             P1, P2 = op1.size(D), op2.size(D)
             if N == 0 or M == 0 or P1 == 0 or P2 == 0:
                 continue
-            block = W[offsets[g] : offsets[g + 1], offsets[h] : offsets[h + 1]]
-            gram = _structured_cross(kernel, op1, X1, op2, X2, "blocked")
-            if gram is not None:  # a structured gram (eqgp._gram): the whole block at once
-                total = total + (1.0 if g == h else 2.0) * jnp.sum(block * gram)
+            block = W[offsets[g] : offsets[g + 1], offsets[h] : offsets[h + 1]].reshape(P1, N, P2, M)
+            weight = 1.0 if g == h else 2.0
+            if _structured_cross(kernel, op1, X1[:1], op2, X2[:1], "blocked") is not None:
+                # A structured gram (eqgp._gram) by slabs of rows: every pair of the block.
+                t = _slab_rows(R, P1, N, itemsize, chunk_bytes)
+                starts = jnp.minimum(jnp.arange(-(-N // t)) * t, N - t)
+                # Rows a slab shares with the one before (the last slab overlaps) count once.
+                first = np.minimum(np.arange(-(-N // t)) * t, N - t)
+                fresh = np.maximum(0, np.concatenate([[0], first[:-1] + t]) - first)
+
+                @jax.checkpoint
+                def slab(start, skip, X1=X1, op1=op1, op2=op2, X2=X2, block=block, t=t, P1=P1, P2=P2, M=M):
+                    Xt = jax.lax.dynamic_slice_in_dim(X1, start, t)
+                    gram = _structured_cross(kernel, op1, Xt, op2, X2, "blocked").reshape(P1, t, P2, M)
+                    Wt = jax.lax.dynamic_slice_in_dim(block, start, t, axis=1)
+                    keep = (jnp.arange(t) >= skip).astype(W.dtype)[None, :, None, None]
+                    return jnp.sum(keep * Wt * gram)
+
+                def body(acc, a, slab=slab):
+                    return acc + slab(*a), None
+
+                part, _ = jax.lax.scan(body, jnp.zeros((), W.dtype), (starts, jnp.asarray(fresh)))
+                total = total + weight * part
                 continue
             i, j, w = _pair_indices(N, M, g == h)
-            block = block.reshape(P1, N, P2, M)
-            Wp = block[:, i, :, j]  # (pairs, P1, P2)
-            blocks = eqx.filter_vmap(_block(kernel, op1, op2))(X1[i], X2[j])
-            total = total + jnp.sum(jnp.asarray(w, W.dtype)[:, None, None] * blocks * Wp)
+            per_pair = P1 * P2 * itemsize * 4  # the block, its cotangent and the gathered W
+            budget = chunk_bytes if chunk_bytes is not None else int(min(max(R * R * itemsize // 8, 2**20), 2**26))
+            c = int(min(len(i), max(1, budget // per_pair)))
+            n = -(-len(i) // c)
+            pad = n * c - len(i)  # padded with weight-0 pairs
+            i = np.concatenate([i, np.zeros(pad, i.dtype)]).reshape(n, c)
+            j = np.concatenate([j, np.zeros(pad, j.dtype)]).reshape(n, c)
+            w = np.concatenate([w, np.zeros(pad)]).reshape(n, c)
+            pair = _block(kernel, op1, op2)
+
+            @jax.checkpoint
+            def chunk(ijw, X1=X1, X2=X2, block=block, pair=pair):
+                i, j, w = ijw
+                Wp = block[:, i, :, j]  # (c, P1, P2): the advanced indices go first
+                blocks = eqx.filter_vmap(pair)(X1[i], X2[j])
+                return jnp.sum(w.astype(W.dtype)[:, None, None] * blocks * Wp)
+
+            def body(acc, ijw, chunk=chunk):
+                return acc + chunk(ijw), None
+
+            part, _ = jax.lax.scan(body, jnp.zeros((), W.dtype), (jnp.asarray(i), jnp.asarray(j), jnp.asarray(w)))
+            total = total + part
     return total

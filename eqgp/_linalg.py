@@ -4,6 +4,7 @@ with retries and its one failure message, and `cholesky_inverse(L) = (L L^T)^{-1
 with the identity; two triangular solves elsewhere; differentiable to any order)."""
 
 import warnings
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -51,32 +52,103 @@ def _report(jitter, needed, ok):
         )
 
 
+def _factor(A: Array) -> Array:
+    # The lower triangle only (LAPACK's convention): `jnp.linalg.cholesky` first forms
+    # `(A + A^T) / 2`, a second matrix; eqgp's covariances are symmetric by construction.
+    return jax.lax.linalg.cholesky(A, symmetrize_input=False)
+
+
+def _native_factor_t(A):
+    call = jax.ffi.ffi_call(
+        "eqgp_cholesky_t",
+        jax.ShapeDtypeStruct(A.shape, A.dtype),
+        vmap_method="broadcast_all",
+        input_output_aliases={0: 0},
+    )
+    return call(A)
+
+
+def _generic_factor_t(A):
+    return jnp.swapaxes(_factor(A), -1, -2)
+
+
+@jax.custom_jvp
+def factor_t(A):
+    """`L^T` for a symmetric `A = L L^T` (one triangle read; NaN throughout where `A` is not
+    numerically positive definite). On CPU, LAPACK ?potrf overwrites `A` in place: `L^T`
+    row-major is LAPACK's column-major `L`, so neither the matrix nor the factor is copied
+    into another layout (`jax.lax.linalg.cholesky` asks XLA for a column-major operand, a
+    second matrix)."""
+    if A.shape[-1] == 0 or not HAVE_NATIVE_INVERSE:
+        return _generic_factor_t(A)
+    return jax.lax.platform_dependent(A, cpu=_native_factor_t, default=_generic_factor_t)
+
+
+@factor_t.defjvp
+def _factor_t_jvp(primals, tangents):
+    # dL = L Phi(L^{-1} dA L^{-T}), Phi: the lower triangle with half its diagonal.
+    (A,), (dA,) = primals, tangents
+    Lt = factor_t(A)
+    L = jnp.swapaxes(Lt, -1, -2)
+    dA = 0.5 * (dA + jnp.swapaxes(dA, -1, -2))
+    Y = jsl.solve_triangular(L, dA, lower=True)
+    X = jsl.solve_triangular(L, jnp.swapaxes(Y, -1, -2), lower=True)
+    phi = jnp.tril(X) - 0.5 * jnp.eye(X.shape[-1], dtype=X.dtype) * X
+    return Lt, jnp.swapaxes(L @ phi, -1, -2)
+
+
 def cholesky(
-    A: Array, jitter: float, max_tries: int = 0, message: str = NOT_PD, scale=None, indefinite: str | None = None
-) -> Array:
+    A: Array | Callable[[], Array],
+    jitter: float,
+    max_tries: int = 0,
+    message: str = NOT_PD,
+    scale=None,
+    indefinite: str | None = None,
+    transposed: bool = False,
+    principal: Callable[[], Array] | None = None,
+    deferred: bool = False,
+):
     """The lower Cholesky factor of `A + j * scale * I` with `j = jitter` and `scale` by default
     `mean(diag A)`; or, with
     `max_tries > 0` and where that fails, with `j` growing tenfold per try (from `jitter`, or
     1e-6 / 1e-8 for float32 / float64), as GPyTorch's `psd_safe_cholesky`. The jitter a retry
     needed is reported by a warning (also under `jit`). Failure: an `eqx.error_if` error, with
     the `indefinite` message (if given) where `A` has an eigenvalue below `-100 sqrt(eps)
-    scale` (computed only after a failure), else `message`."""
+    scale` (computed only after a failure), else `message`.
+
+    Only the lower triangle of `A` is read. `A` may be a function that builds the matrix: it is
+    then called again wherever a failure needs the matrix a second time (a retry, the
+    indefiniteness test), so that the factorisation can overwrite the only copy of it (one
+    covariance-sized buffer instead of two). `transposed=True` returns `L^T`, which is LAPACK's
+    column-major `L` read row-major: no copy on CPU. `principal` builds a principal submatrix
+    (by default all of `A`) for the indefiniteness test: its lowest eigenvalue bounds `A`'s
+    from above, so a small one keeps the test's memory small and never calls a positive
+    definite matrix indefinite.
+
+    `deferred=True` returns `(L, check)`: `check` is a scalar 0 that carries the failure
+    check, and the caller makes its results depend on it (adds it); a select over the whole
+    factor instead makes XLA copy the factor once per reader."""
+    build = A if callable(A) else (lambda: A)
+    A = build()
     n = A.shape[0]
     if n == 0:
-        return A
+        return (A, jnp.zeros((), A.dtype)) if deferred else A
     scale = jnp.mean(jnp.diagonal(A)) if scale is None else jnp.asarray(scale, A.dtype)
     eye = jnp.eye(n, dtype=A.dtype)
 
-    def factor(j):
-        return jnp.linalg.cholesky(A + (j * scale) * eye) if jitter or max_tries else jnp.linalg.cholesky(A)
+    chol = factor_t if transposed else _factor
+
+    def factor(A, j):
+        return chol(A + (j * scale) * eye) if jitter or max_tries else chol(A)
 
     def failed(L):
-        return ~jnp.all(jnp.isfinite(L))
+        # A failed factorisation is NaN throughout; a NaN or inf anywhere in the triangle
+        # of A that is read reaches a later pivot, so the diagonal tells.
+        return ~jnp.all(jnp.isfinite(jnp.diagonal(L)))
 
-    L = factor(jnp.asarray(jitter, A.dtype))
+    L = factor(A, jnp.asarray(jitter, A.dtype))
     if max_tries:
         first = jitter if jitter else _FIRST_JITTER.get(jnp.dtype(A.dtype), 1e-6)
-        A0 = jax.lax.stop_gradient(A)
 
         def cond(c):
             return failed(c[0]) & (c[2] < max_tries)
@@ -84,25 +156,34 @@ def cholesky(
         def body(c):
             _, j, t = c
             j = jnp.where(t == 0, jnp.asarray(first, A.dtype), 10 * j) if jitter == 0 else 10 * j
-            return jnp.linalg.cholesky(A0 + (j * jax.lax.stop_gradient(scale)) * eye), j, t + 1
+            A0 = jax.lax.stop_gradient(build())
+            return chol(A0 + (j * jax.lax.stop_gradient(scale)) * eye), j, t + 1
 
         # The search runs without derivatives (a while loop has no reverse mode); the factor
         # it found is then recomputed differentiably with the jitter it needed.
         _, used, tries = jax.lax.while_loop(cond, body, (jax.lax.stop_gradient(L), jnp.asarray(jitter, A.dtype), 0))
-        L = jax.lax.cond(tries == 0, lambda: L, lambda: factor(used))
+        L = jax.lax.cond(tries == 0, lambda: L, lambda: factor(build(), used))
         jax.debug.callback(_report, used, tries > 0, ~failed(L))
     bad = failed(L)
+    flag = bad
     if indefinite is not None:
         # Why it failed: indefinite beyond jitter's reach, or merely ill-conditioned. The
         # eigenvalues are computed on the failure branch only (both run under a batching vmap).
         tol = -100 * jnp.sqrt(jnp.finfo(A.dtype).eps) * jax.lax.stop_gradient(scale)
         lowest = jax.lax.cond(
             bad,
-            lambda: jnp.linalg.eigvalsh(jax.lax.stop_gradient(A))[0],
+            lambda: jnp.linalg.eigvalsh(jax.lax.stop_gradient((principal or build)()))[0],
             lambda: jnp.zeros((), A.dtype),
         )
-        L = eqx.error_if(L, bad & (lowest < tol), indefinite)
-    return eqx.error_if(L, bad, message)
+        flag = eqx.error_if(flag, bad & (lowest < tol), indefinite)
+    # The check runs on the flag, not on the matrix (an error check passes its operand
+    # through a conditional, where XLA copies a matrix, often into another layout). The
+    # factor depends on the checked flag through a select (a failed factor is NaN
+    # throughout already), so the check is never dropped as dead code.
+    flag = eqx.error_if(flag, bad, message)
+    if deferred:
+        return L, jnp.where(flag, jnp.nan, jnp.zeros((), L.dtype))
+    return jnp.where(flag, jnp.nan, L)
 
 
 def _generic(L):
@@ -112,11 +193,16 @@ def _generic(L):
     return 0.5 * (A + jnp.swapaxes(A, -1, -2))
 
 
-def _native(L):
+def _native(L, transposed=False):
+    # The inverse overwrites the factor where XLA can alias it (a factor that is dead
+    # afterwards, as in the likelihood's backward pass); otherwise XLA copies it first.
     call = jax.ffi.ffi_call(
-        "eqgp_cholesky_inverse", jax.ShapeDtypeStruct(L.shape, L.dtype), vmap_method="broadcast_all"
+        "eqgp_cholesky_inverse",
+        jax.ShapeDtypeStruct(L.shape, L.dtype),
+        vmap_method="broadcast_all",
+        input_output_aliases={0: 0},
     )
-    return call(L)
+    return call(L, transposed=transposed)
 
 
 @jax.custom_jvp
@@ -133,6 +219,30 @@ def _cholesky_inverse_jvp(primals, tangents):
     L = jnp.tril(L)
     dL = jnp.tril(dL)
     Kinv = cholesky_inverse(L)
+    dK = dL @ jnp.swapaxes(L, -1, -2)
+    dK = dK + jnp.swapaxes(dK, -1, -2)
+    return Kinv, -(Kinv @ dK @ Kinv)
+
+
+@jax.custom_jvp
+def cholesky_inverse_t(Lt):
+    """`(L L^T)^{-1}` from `L^T` `(..., n, n)` (upper triangular; the lower triangle is
+    ignored): the factor as `Cholesky` holds it, read by LAPACK without a layout copy."""
+    if Lt.shape[-1] == 0 or not HAVE_NATIVE_INVERSE:
+        return _generic(jnp.swapaxes(Lt, -1, -2))
+    return jax.lax.platform_dependent(
+        Lt,
+        cpu=lambda Lt: _native(Lt, transposed=True),
+        default=lambda Lt: _generic(jnp.swapaxes(Lt, -1, -2)),
+    )
+
+
+@cholesky_inverse_t.defjvp
+def _cholesky_inverse_t_jvp(primals, tangents):
+    (Lt,), (dLt,) = primals, tangents
+    L = jnp.tril(jnp.swapaxes(Lt, -1, -2))
+    dL = jnp.tril(jnp.swapaxes(dLt, -1, -2))
+    Kinv = cholesky_inverse_t(Lt)
     dK = dL @ jnp.swapaxes(L, -1, -2)
     dK = dK + jnp.swapaxes(dK, -1, -2)
     return Kinv, -(Kinv @ dK @ Kinv)

@@ -48,13 +48,14 @@ def _register_lapack() -> bool:
         from scipy.linalg import cython_lapack
 
         capi = cython_lapack.__pyx_capi__
-        _cpu.set_lapack(capi["spotri"], capi["dpotri"])
+        _cpu.set_lapack(capi["spotri"], capi["dpotri"], capi["spotrf"], capi["dpotrf"])
     except Exception:  # noqa: BLE001 -- any failure here means: use the generic path
         return False
     return True
 
 
-#: Whether `eqgp_cholesky_inverse` (LAPACK ?potri) is available on CPU.
+#: Whether `eqgp_cholesky_inverse` (LAPACK ?potri) and `eqgp_cholesky_t` (?potrf, in place) are
+#: available on CPU.
 HAVE_NATIVE_INVERSE: bool = _register_lapack()
 
 

@@ -3,6 +3,7 @@ import functools
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from helpers import assert_close
 
@@ -68,7 +69,8 @@ def test_product_equals_dense_gram_for_every_operator(kernel, tile_bytes):
     mv = functools.partial(cov.mv, tile_bytes=tile_bytes)
     K = eqgp.operator_gram(kernel, list(groups), list(groups)) + jnp.diag(cov.noise)
     if kernel is not KERNELS[0]:  # as_matrix is operator_gram + noise; with every operator: compile time
-        assert_close(eqx.filter_jit(lambda c: c.as_matrix())(cov), K, rtol=1e-14)
+        # (built in slabs: the same pairs, a different fusion: rounding only)
+        assert_close(eqx.filter_jit(lambda c: c.as_matrix())(cov), K, rtol=1e-13, atol=1e-15)
     V = jax.random.normal(jax.random.key(1), (cov.size, 3), jnp.float64)
     KV = K @ V
     scale = jnp.max(jnp.abs(KV))
@@ -154,3 +156,57 @@ def test_float32_product():
     out = eqx.filter_jit(lambda c, V: c.mv(V, tile_bytes=1))(cov, V)
     assert out.dtype == jnp.float32
     assert_close(out, eqx.filter_jit(lambda c: c.as_matrix())(cov) @ V, rtol=1e-4, atol=1e-4)
+
+
+def _warped():
+    class Pairs(eqx.Module):
+        def __call__(self, x):
+            return jnp.stack([jnp.sum(x**2), jnp.sin(x[0]) * x[1], x[2]])
+
+    return kernels.Warped(kernels.Matern52(1.3), Pairs())
+
+
+@pytest.mark.parametrize("which", ["plain", "warped"])
+def test_dense_matrix_in_slabs_and_pullback_in_chunks_equal_one_piece(which):
+    """`as_matrix` writes slabs of rows into one buffer (the last slab overlapping the one
+    before), and the dense pullback visits pairs in chunks (structured grams: slabs of rows);
+    both agree with the one-piece computations whatever the piece size."""
+    from eqgp._covariance import _symmetric_pullback
+
+    groups = _groups(jax.random.key(7))
+    groups = (groups[0], groups[1], groups[8], groups[3])  # 7 + 5 + 0 + 5 points; an empty group
+    kernel = KERNELS[0] if which == "plain" else _warped()
+    cov = _cov(kernel, groups)
+    K = eqgp.operator_gram(kernel, list(groups), list(groups)) + jnp.diag(cov.noise)
+    for slab in (1, 700, 3000, None):  # one point per slab, a few, one slab per group
+        assert_close(eqx.filter_jit(lambda c, s=slab: c.as_matrix(slab_bytes=s))(cov), K, rtol=1e-13, atol=1e-15)
+    W = jax.random.normal(jax.random.key(8), K.shape, jnp.float64)
+    W = W + W.T
+
+    def pulled(chunk):
+        return eqx.filter_jit(eqx.filter_value_and_grad(lambda c: _symmetric_pullback(c.kernel, c.groups, W, chunk)))(
+            cov
+        )
+
+    ref_value = jnp.sum(W * (K - jnp.diag(cov.noise)))
+    ref_grad = eqx.filter_grad(lambda c: jnp.sum(W * c.as_matrix()))(cov)
+    for chunk in (1, 2000, None):
+        value, grad = pulled(chunk)
+        assert_close(value, ref_value, rtol=1e-12)
+        for a, b in zip(jax.tree.leaves(grad.kernel), jax.tree.leaves(ref_grad.kernel), strict=True):
+            assert_close(a, b, rtol=1e-10, atol=1e-12)
+        for (_, a), (_, b) in zip(grad.groups, ref_grad.groups, strict=True):  # the points' cotangents
+            assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_leading_block_is_a_principal_submatrix():
+    groups = _groups(jax.random.key(9))
+    groups = (groups[0], groups[1], groups[3])  # 9 points x 4 rows, 5 x 1, 5 x 2
+    cov = _cov(KERNELS[0], groups)
+    assert cov.leading_block(10_000) is cov
+    sub = cov.leading_block(20)  # 20 of 56 rows: the first ceil(N * 20 / 56) points of each group
+    K = cov.as_matrix()
+    rows = np.concatenate(
+        [np.arange(4)[:, None] * 9 + np.arange(4), [36, 37], 41 + np.arange(2)[:, None] * 5 + np.arange(2)], axis=None
+    )
+    assert_close(sub.as_matrix(), K[np.ix_(rows, rows)], rtol=1e-14)

@@ -8,7 +8,7 @@ from jax.test_util import check_grads
 
 import eqgp
 from eqgp import kernels
-from eqgp._linalg import HAVE_NATIVE_INVERSE, cholesky_inverse
+from eqgp._linalg import HAVE_NATIVE_INVERSE, cholesky_inverse, cholesky_inverse_t, factor_t
 
 
 def _spd(key, shape, dtype):
@@ -50,6 +50,53 @@ def test_cholesky_inverse_vmap_and_grads():
     L = jnp.linalg.cholesky(_spd(jax.random.key(3), (4, 7, 7), jnp.float64))
     assert_close(jax.vmap(cholesky_inverse)(L), jnp.linalg.inv(L @ jnp.swapaxes(L, -1, -2)), rtol=1e-10)
     check_grads(lambda M: cholesky_inverse(jnp.tril(M)), (L[0],), order=2, modes=("fwd", "rev"))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("shape", [(0, 0), (1, 1), (2, 2), (37, 37), (3, 20, 20), (2, 2, 6, 6)])
+def test_factor_t_is_the_transposed_cholesky_factor(dtype, shape):
+    """The in-place factorisation (LAPACK ?potrf on the row-major buffer) against
+    jnp.linalg.cholesky, batched, in both precisions; its inverse against jnp.linalg.inv."""
+    K = _spd(jax.random.key(4), shape, jnp.float64).astype(dtype)
+    Lt = jax.jit(factor_t)(K)
+    assert Lt.shape == shape and Lt.dtype == dtype
+    if shape[-1]:
+        ref = jnp.swapaxes(jnp.linalg.cholesky(K), -1, -2)
+        assert_close(Lt, ref, **tol(dtype))
+        assert float(jnp.max(jnp.abs(jnp.tril(Lt, -1)))) == 0.0  # the other triangle is zeroed
+        inv = jax.jit(cholesky_inverse_t)(Lt)
+        ref_inv = jnp.linalg.inv(K.astype(jnp.float64))
+        scale = float(jnp.max(jnp.abs(ref_inv)))
+        assert_close(inv / scale, ref_inv / scale, **tol(dtype))
+        assert_close(inv, jnp.swapaxes(inv, -1, -2), rtol=0, atol=0)  # exactly symmetric
+
+
+def test_factor_t_in_place_keeps_a_live_input_and_marks_failure_with_nan():
+    K = _spd(jax.random.key(5), (9, 9), jnp.float64)
+
+    def both(K):  # the input is read again after the factorisation: XLA must copy it first
+        Lt = factor_t(K)
+        return Lt, K + 0.0, cholesky_inverse_t(Lt), Lt[0, 0]
+
+    Lt, K2, inv, first = jax.jit(both)(K)
+    assert_close(K2, K, rtol=0, atol=0)
+    assert_close(Lt, jnp.linalg.cholesky(K).T, rtol=1e-12)
+    assert float(first) == float(Lt[0, 0])  # the factor survives its inverse being taken
+    assert_close(inv, jnp.linalg.inv(K), rtol=1e-10)
+    bad = K.at[3, 3].set(-1.0)
+    assert bool(jnp.all(jnp.isnan(jax.jit(factor_t)(bad))))
+
+
+def test_factor_t_reads_one_triangle_and_has_the_cholesky_derivatives():
+    K = _spd(jax.random.key(6), (6, 6), jnp.float64)
+    junk = K + jnp.tril(jnp.ones_like(K), -1)  # the lower triangle is not read
+    assert_close(factor_t(junk), factor_t(K), rtol=1e-14)
+    sym = lambda M: factor_t(0.5 * (M + M.T))  # noqa: E731
+    check_grads(sym, (K,), order=2, modes=("fwd", "rev"))
+    ref = jax.jacfwd(lambda M: jnp.linalg.cholesky(0.5 * (M + M.T)).T)(K)
+    assert_close(jax.jacfwd(sym)(K), ref, rtol=1e-10, atol=1e-12)
+    assert_close(jax.vmap(factor_t)(jnp.stack([K, 2 * K])), jnp.stack([factor_t(K), factor_t(2 * K)]), rtol=1e-14)
+    check_grads(lambda M: cholesky_inverse_t(jnp.triu(M)), (factor_t(K),), order=2, modes=("fwd", "rev"))
 
 
 def test_compiler_options_are_opt_in_and_entry_points_work_inside_and_outside_jit():

@@ -8,7 +8,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._covariance import Covariance
-from .._linalg import INDEFINITE, cholesky, cholesky_inverse
+from .._linalg import INDEFINITE, cholesky, cholesky_inverse_t
 from ._abstract import AbstractPullbackSolver, AbstractSolverState
 
 
@@ -17,11 +17,18 @@ class _CholeskyState(AbstractSolverState):
     # column-major, which is L^T row-major, so holding L^T (and reading `factor`, a
     # transpose) lets XLA bitcast instead of copying the matrix into and out of LAPACK.
     factor_t: Float[Array, "R R"]
+    # 0, or NaN after a failed factorisation: it carries the failure check (an
+    # `eqx.error_if`), so every result computed from the factor adds it.
+    check: Float[Array, ""]
 
     @property
     def factor(self) -> Float[Array, "R R"]:
         return self.factor_t.T
 
+
+# Rows of the principal submatrix whose eigenvalues tell an indefinite kernel from an
+# ill-conditioned covariance after a failed factorisation (a small matrix, built only then).
+_PROBE_ROWS = 256
 
 # Retries (tenfold jitter each) of the solver `for_training` hands to fit_hyperparameters.
 _TRAINING_TRIES = 4
@@ -66,14 +73,29 @@ class Cholesky(AbstractPullbackSolver[_CholeskyState]):
             raise ValueError(f"`max_tries` must be an int >= 0; got {self.max_tries!r}.")
 
     def init(self, cov: Covariance, key=None) -> _CholeskyState:
-        A = cov.as_matrix()
         scale = None  # an empty matrix needs none
-        if A.shape[0] and (self.jitter or self.max_tries):
-            kernel = jnp.mean(cov.kernel_diagonal())
-            scale = jnp.where(kernel > 0, kernel, jnp.mean(jnp.diagonal(A)))
-        L = cholesky(A, self.jitter, self.max_tries, scale=scale, indefinite=INDEFINITE)
-        _check_float32(L)
-        return _CholeskyState(L.T)
+        if cov.size:
+            # From the diagonal's own evaluations, not read off the matrix: a read of the
+            # matrix that XLA cannot order before the in-place factorisation costs a copy.
+            diagonal = cov.diagonal()
+            scale = jnp.mean(diagonal)
+            if self.jitter or self.max_tries:
+                kernel = jnp.mean(cov.kernel_diagonal())
+                scale = jnp.where(kernel > 0, kernel, scale)
+        # The gram is built again where a failure needs it (the indefiniteness test on a
+        # principal submatrix, a retry), so the factorisation overwrites the only copy of it.
+        Lt, check = cholesky(
+            cov.as_matrix,
+            self.jitter,
+            self.max_tries,
+            scale=scale,
+            indefinite=INDEFINITE,
+            transposed=True,
+            principal=lambda: cov.leading_block(_PROBE_ROWS).as_matrix(),
+            deferred=True,
+        )
+        _check_float32(Lt.T)
+        return _CholeskyState(Lt, check)
 
     def for_training(self) -> "Cholesky":
         # Deterministic data drives the noise to where a plain factorisation fails: retry
@@ -84,21 +106,21 @@ class Cholesky(AbstractPullbackSolver[_CholeskyState]):
         return self.init(cov).factor if self.jitter or self.max_tries else super().dense_factor(cov, message)
 
     def solve(self, state, B):
-        return jsl.cho_solve((state.factor, True), B)
+        return jsl.cho_solve((state.factor, True), B) + state.check
 
     def logdet(self, state):
-        return 2.0 * jnp.sum(jnp.log(jnp.diagonal(state.factor)))
+        return 2.0 * jnp.sum(jnp.log(jnp.diagonal(state.factor_t))) + state.check
 
     def likelihood_cotangent(self, state, alpha, cov):
         # K^{-1} by LAPACK ?potri on CPU: a third of the flops of solve(state, I).
-        return cov.pullback(0.5 * (jnp.outer(alpha, alpha) - cholesky_inverse(state.factor)))
+        return cov.pullback(0.5 * (jnp.outer(alpha, alpha) - cholesky_inverse_t(state.factor_t)))
 
     def for_prediction(self, state):
         return state
 
     def inv_quad(self, state, B, diagonal):
         W = jsl.solve_triangular(state.factor, B, lower=True)
-        return jnp.sum(W * W, axis=0) if diagonal else W.T @ W
+        return (jnp.sum(W * W, axis=0) if diagonal else W.T @ W) + state.check
 
     def extend(self, state, alpha, cov, residual, key=None):
         # [[L11, 0], [L21, L22]] with L21 = K21 L11^{-T} and L22 the factor of the Schur
@@ -110,7 +132,7 @@ class Cholesky(AbstractPullbackSolver[_CholeskyState]):
         S = rows[:, R1:] - L21 @ L21.T
         L22 = cholesky(0.5 * (S + S.T), self.jitter, self.max_tries)
         L = jnp.block([[L11, jnp.zeros((R1, L22.shape[0]), L11.dtype)], [L21, L22]])
-        new = _CholeskyState(L.T)
+        new = _CholeskyState(L.T, state.check)
         return new, self.solve(new, residual)
 
 
