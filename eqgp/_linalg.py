@@ -38,6 +38,10 @@ INDEFINITE = (
     "its eigenvalues must be >= 0."
 )
 
+# Below this size (bytes) a matrix `cholesky` is given as a function is built once and kept
+# for the failure branches; above it, built again there (memory over compile time).
+_REBUILD_BYTES = 2**25
+
 # First jitter of the retries when none is given (times the scale: the mean of the diagonal).
 _FIRST_JITTER = {jnp.dtype(jnp.float32): 1e-6, jnp.dtype(jnp.float64): 1e-8}
 
@@ -116,10 +120,10 @@ def cholesky(
     the `indefinite` message (if given) where `A` has an eigenvalue below `-100 sqrt(eps)
     scale` (computed only after a failure), else `message`.
 
-    Only the lower triangle of `A` is read. `A` may be a function that builds the matrix: it is
-    then called again wherever a failure needs the matrix a second time (a retry, the
-    indefiniteness test), so that the factorisation can overwrite the only copy of it (one
-    covariance-sized buffer instead of two). `transposed=True` returns `L^T`, which is LAPACK's
+    Only one triangle of `A` is read. `A` may be a function that builds the matrix: above
+    32 MiB it is then called again wherever a failure needs the matrix a second time (a
+    retry, the indefiniteness test), so that the factorisation can overwrite the only copy of
+    it (one covariance-sized buffer instead of two). `transposed=True` returns `L^T`, which is LAPACK's
     column-major `L` read row-major: no copy on CPU. `principal` builds a principal submatrix
     (by default all of `A`) for the indefiniteness test: its lowest eigenvalue bounds `A`'s
     from above, so a small one keeps the test's memory small and never calls a positive
@@ -131,6 +135,10 @@ def cholesky(
     build = A if callable(A) else (lambda: A)
     A = build()
     n = A.shape[0]
+    if n * n * A.dtype.itemsize <= _REBUILD_BYTES:
+        # Small: keep the matrix for the failure branches rather than compile its
+        # construction two or three times more (XLA copies it before factoring in place).
+        build = principal = lambda: A
     if n == 0:
         return (A, jnp.zeros((), A.dtype)) if deferred else A
     scale = jnp.mean(jnp.diagonal(A)) if scale is None else jnp.asarray(scale, A.dtype)

@@ -114,6 +114,7 @@ def _laid_out(x: np.ndarray, layout: str):
     return jax.device_put(x), lambda v: v
 
 
+@pytest.mark.slow  # ~25 s on 2 cores: CI's slow stage (keeps the main suite near 5 min)
 @examples(836)
 @given(data=_arrays(), reverse=st.booleans(), how=st.sampled_from(["eager", "jit", "vmap", "vmap2"]))
 def test_sumcumprod_matches_the_recurrence(data, reverse, how):

@@ -163,6 +163,11 @@ def test_a_failed_factorisation_says_whether_jitter_could_help():
         eqgp.GaussianProcess(_NotPSD(), noise=1e-6).log_marginal_likelihood(obs)
     with pytest.raises(Exception, match=r"indefinite"):  # retries do not hide it
         eqgp.GaussianProcess(_NotPSD(), noise=1e-6, solver=eqgp.Cholesky(max_tries=3)).log_marginal_likelihood(obs)
+    # Leave-one-out with a jittered solver factors through the solver's own state: its
+    # failure check travels with the factor (a NaN factor never reaches the residuals).
+    with pytest.raises(Exception, match=r"indefinite"):
+        gp = eqgp.GaussianProcess(_NotPSD(), noise=1e-6, solver=eqgp.Cholesky(jitter=1e-8))
+        jax.block_until_ready(jax.jit(lambda g: g.leave_one_out_log_density(obs))(gp))
     # The same point three times without noise: singular, not indefinite (jitter would fix it).
     same = eqgp.Observations.values(jnp.zeros((3, 1)), jnp.zeros(3))
     with pytest.raises(Exception, match=r"not numerically positive definite.* Raise the jitter") as info:

@@ -103,7 +103,10 @@ class Cholesky(AbstractPullbackSolver[_CholeskyState]):
         return self if self.max_tries else Cholesky(self.jitter, _TRAINING_TRIES)
 
     def dense_factor(self, cov: Covariance, message: str):
-        return self.init(cov).factor if self.jitter or self.max_tries else super().dense_factor(cov, message)
+        if not (self.jitter or self.max_tries):
+            return super().dense_factor(cov, message)
+        state = self.init(cov)
+        return state.factor + state.check  # the failure check travels with the factor
 
     def solve(self, state, B):
         return jsl.cho_solve((state.factor, True), B) + state.check
