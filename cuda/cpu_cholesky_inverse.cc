@@ -129,7 +129,7 @@ ffi::Error CholeskyInverseCpu(ffi::AnyBuffer L, ffi::Result<ffi::AnyBuffer> out,
   }
 }
 
-ffi::Error CholeskyTCpu(ffi::AnyBuffer K, ffi::Result<ffi::AnyBuffer> out) {
+ffi::Error CholeskyTCpu(ffi::AnyBuffer K, ffi::AnyBuffer /*after*/, ffi::Result<ffi::AnyBuffer> out) {
   switch (K.element_type()) {
     case ffi::DataType::F32:
       return CholeskyT<float>(g_spotrf.load(), K, *out);
@@ -162,4 +162,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EqgpCholeskyInverseCpu, CholeskyInverseCpu,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EqgpCholeskyTCpu, CholeskyTCpu,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()   // K, symmetric, (..., n, n)
+                                  .Arg<ffi::AnyBuffer>()   // not read: values computed from K that
+                                                           // must be read before K is overwritten
                                   .Ret<ffi::AnyBuffer>()); // L^T, row-major (aliases K)

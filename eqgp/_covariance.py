@@ -202,21 +202,20 @@ class Covariance(eqx.Module):
         matrix, between 1 and 64 MiB) plus the kernel's intermediates for those pairs."""
         return _dense(self.kernel, self.groups, self.noise, slab_bytes)
 
-    def leading_block(self, max_rows: int) -> "Covariance":
-        """The covariance of the first points of every group (all their rows), at most about
-        `max_rows` rows: a principal submatrix, whose lowest eigenvalue bounds the whole
-        matrix's from above (Cauchy interlacing)."""
+    def leading_rows(self, max_rows: int) -> np.ndarray:
+        """The rows of the first points of every group (all their rows), at most about
+        `max_rows` of them: the indices of a principal submatrix, whose lowest eigenvalue
+        bounds the whole matrix's from above (Cauchy interlacing)."""
         R = self.size
         if R <= max_rows:
-            return self
-        groups, noise, start = [], [], 0
+            return np.arange(R)
+        rows, start = [], 0
         for op, X in self.groups:
             N, P = X.shape[0], op.size(X.shape[1])
             n = min(N, -(-N * max_rows // R))
-            groups.append((op, X[:n]))
-            noise.append(self.noise[start : start + P * N].reshape(P, N)[:, :n].reshape(-1))
+            rows.append((start + np.arange(P)[:, None] * N + np.arange(n)).reshape(-1))
             start += P * N
-        return Covariance(self.kernel, tuple(groups), jnp.concatenate(noise))
+        return np.concatenate(rows)
 
     def trailing_rows(self, start: int) -> Float[Array, "R2 R"]:
         """The dense rows from row `start` on (a group boundary) against all columns, noise

@@ -10,6 +10,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
+import numpy as np
 from jaxtyping import Array
 
 from ._native import HAVE_NATIVE_INVERSE
@@ -38,9 +39,9 @@ INDEFINITE = (
     "its eigenvalues must be >= 0."
 )
 
-# Below this size (bytes) a matrix `cholesky` is given as a function is built once and kept
-# for the failure branches; above it, built again there (memory over compile time).
-_REBUILD_BYTES = 2**25
+# Up to this size (bytes) a matrix `cholesky` is given as a function is built once and kept
+# for the jitter retries; above it, built again there (memory over compile time).
+_REBUILD_BYTES = 2**28
 
 # First jitter of the retries when none is given (times the scale: the mean of the diagonal).
 _FIRST_JITTER = {jnp.dtype(jnp.float32): 1e-6, jnp.dtype(jnp.float64): 1e-8}
@@ -62,37 +63,40 @@ def _factor(A: Array) -> Array:
     return jax.lax.linalg.cholesky(A, symmetrize_input=False)
 
 
-def _native_factor_t(A):
+def _native_factor_t(A, after):
     call = jax.ffi.ffi_call(
         "eqgp_cholesky_t",
         jax.ShapeDtypeStruct(A.shape, A.dtype),
         vmap_method="broadcast_all",
         input_output_aliases={0: 0},
     )
-    return call(A)
+    return call(A, after)
 
 
-def _generic_factor_t(A):
+def _generic_factor_t(A, after):
+    del after
     return jnp.swapaxes(_factor(A), -1, -2)
 
 
 @jax.custom_jvp
-def factor_t(A):
+def factor_t(A, after=None):
     """`L^T` for a symmetric `A = L L^T` (one triangle read; NaN throughout where `A` is not
     numerically positive definite). On CPU, LAPACK ?potrf overwrites `A` in place: `L^T`
     row-major is LAPACK's column-major `L`, so neither the matrix nor the factor is copied
     into another layout (`jax.lax.linalg.cholesky` asks XLA for a column-major operand, a
-    second matrix)."""
+    second matrix). `after`: values computed from `A` (never read by the factorisation) that
+    XLA must compute before `A` is overwritten; without it, a later read of `A` costs a copy."""
+    after = jnp.zeros((0,), A.dtype) if after is None else after
     if A.shape[-1] == 0 or not HAVE_NATIVE_INVERSE:
-        return _generic_factor_t(A)
-    return jax.lax.platform_dependent(A, cpu=_native_factor_t, default=_generic_factor_t)
+        return _generic_factor_t(A, after)
+    return jax.lax.platform_dependent(A, after, cpu=_native_factor_t, default=_generic_factor_t)
 
 
 @factor_t.defjvp
 def _factor_t_jvp(primals, tangents):
     # dL = L Phi(L^{-1} dA L^{-T}), Phi: the lower triangle with half its diagonal.
-    (A,), (dA,) = primals, tangents
-    Lt = factor_t(A)
+    (A, after), (dA, _) = primals, tangents
+    Lt = factor_t(A, after)
     L = jnp.swapaxes(Lt, -1, -2)
     dA = 0.5 * (dA + jnp.swapaxes(dA, -1, -2))
     Y = jsl.solve_triangular(L, dA, lower=True)
@@ -109,7 +113,7 @@ def cholesky(
     scale=None,
     indefinite: str | None = None,
     transposed: bool = False,
-    principal: Callable[[], Array] | None = None,
+    principal: np.ndarray | None = None,
     deferred: bool = False,
 ):
     """The lower Cholesky factor of `A + j * scale * I` with `j = jitter` and `scale` by default
@@ -121,13 +125,14 @@ def cholesky(
     scale` (computed only after a failure), else `message`.
 
     Only one triangle of `A` is read. `A` may be a function that builds the matrix: above
-    32 MiB it is then called again wherever a failure needs the matrix a second time (a
-    retry, the indefiniteness test), so that the factorisation can overwrite the only copy of
-    it (one covariance-sized buffer instead of two). `transposed=True` returns `L^T`, which is LAPACK's
-    column-major `L` read row-major: no copy on CPU. `principal` builds a principal submatrix
-    (by default all of `A`) for the indefiniteness test: its lowest eigenvalue bounds `A`'s
-    from above, so a small one keeps the test's memory small and never calls a positive
-    definite matrix indefinite.
+    256 MiB it is then called again where a retry needs the matrix a second time, so that the
+    factorisation can overwrite the only copy of it (one covariance-sized buffer instead of
+    two). `transposed=True` returns `L^T`, which is LAPACK's
+    column-major `L` read row-major: no copy on CPU. `principal` (row indices; by default all)
+    picks the principal submatrix whose eigenvalues tell an indefinite matrix from an
+    ill-conditioned one after a failure: its lowest eigenvalue bounds `A`'s from above, so a
+    small one is taken before the factorisation overwrites `A`, never calls a positive
+    definite matrix indefinite, and costs no second matrix.
 
     `deferred=True` returns `(L, check)`: `check` is a scalar 0 that carries the failure
     check, and the caller makes its results depend on it (adds it); a select over the whole
@@ -135,26 +140,33 @@ def cholesky(
     build = A if callable(A) else (lambda: A)
     A = build()
     n = A.shape[0]
-    if n * n * A.dtype.itemsize <= _REBUILD_BYTES:
-        # Small: keep the matrix for the failure branches rather than compile its
-        # construction two or three times more (XLA copies it before factoring in place).
-        build = principal = lambda: A
+    if max_tries and n * n * A.dtype.itemsize <= _REBUILD_BYTES:
+        # Retries need all of A again: up to this size keep it (XLA copies it before the
+        # factorisation) rather than compile its construction twice more.
+        build = lambda: A  # noqa: E731
+    probe = None
+    if indefinite is not None:
+        if principal is None or len(principal) >= n:
+            probe = A
+        else:  # read before the factorisation overwrites A (`factor_t`'s `after`)
+            probe = A[np.ix_(principal, principal)]
     if n == 0:
         return (A, jnp.zeros((), A.dtype)) if deferred else A
     scale = jnp.mean(jnp.diagonal(A)) if scale is None else jnp.asarray(scale, A.dtype)
     eye = jnp.eye(n, dtype=A.dtype)
 
-    chol = factor_t if transposed else _factor
+    def chol(A, after=None):
+        return factor_t(A, after) if transposed else _factor(A)
 
-    def factor(A, j):
-        return chol(A + (j * scale) * eye) if jitter or max_tries else chol(A)
+    def factor(A, j, after=None):
+        return chol(A + (j * scale) * eye, after) if jitter or max_tries else chol(A, after)
 
     def failed(L):
         # A failed factorisation is NaN throughout; a NaN or inf anywhere in the triangle
         # of A that is read reaches a later pivot, so the diagonal tells.
         return ~jnp.all(jnp.isfinite(jnp.diagonal(L)))
 
-    L = factor(A, jnp.asarray(jitter, A.dtype))
+    L = factor(A, jnp.asarray(jitter, A.dtype), None if probe is None or probe is A else probe)
     if max_tries:
         first = jitter if jitter else _FIRST_JITTER.get(jnp.dtype(A.dtype), 1e-6)
 
@@ -180,7 +192,7 @@ def cholesky(
         tol = -100 * jnp.sqrt(jnp.finfo(A.dtype).eps) * jax.lax.stop_gradient(scale)
         lowest = jax.lax.cond(
             bad,
-            lambda: jnp.linalg.eigvalsh(jax.lax.stop_gradient((principal or build)()))[0],
+            lambda: jnp.linalg.eigvalsh(jax.lax.stop_gradient(probe))[0],
             lambda: jnp.zeros((), A.dtype),
         )
         flag = eqx.error_if(flag, bad & (lowest < tol), indefinite)

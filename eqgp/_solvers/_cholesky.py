@@ -82,8 +82,8 @@ class Cholesky(AbstractPullbackSolver[_CholeskyState]):
             if self.jitter or self.max_tries:
                 kernel = jnp.mean(cov.kernel_diagonal())
                 scale = jnp.where(kernel > 0, kernel, scale)
-        # The gram is built again where a failure needs it (the indefiniteness test on a
-        # principal submatrix, a retry), so the factorisation overwrites the only copy of it.
+        # The factorisation overwrites the only copy of the gram (a large one is built again
+        # for jitter retries; the indefiniteness test reads a small principal submatrix).
         Lt, check = cholesky(
             cov.as_matrix,
             self.jitter,
@@ -91,7 +91,7 @@ class Cholesky(AbstractPullbackSolver[_CholeskyState]):
             scale=scale,
             indefinite=INDEFINITE,
             transposed=True,
-            principal=lambda: cov.leading_block(_PROBE_ROWS).as_matrix(),
+            principal=cov.leading_rows(_PROBE_ROWS),
             deferred=True,
         )
         _check_float32(Lt.T)
