@@ -41,7 +41,7 @@ INDEFINITE = (
 
 # Up to this size (bytes) a matrix `cholesky` is given as a function is built once and kept
 # for the jitter retries; above it, built again there (memory over compile time).
-_REBUILD_BYTES = 2**28
+_REBUILD_BYTES = 2**25
 
 # First jitter of the retries when none is given (times the scale: the mean of the diagonal).
 _FIRST_JITTER = {jnp.dtype(jnp.float32): 1e-6, jnp.dtype(jnp.float64): 1e-8}
@@ -171,18 +171,26 @@ def cholesky(
         first = jitter if jitter else _FIRST_JITTER.get(jnp.dtype(A.dtype), 1e-6)
 
         def cond(c):
-            return failed(c[0]) & (c[2] < max_tries)
+            return ~c[2] & (c[1] < max_tries)
 
         def body(c):
-            _, j, t = c
+            j, t, _ = c
             j = jnp.where(t == 0, jnp.asarray(first, A.dtype), 10 * j) if jitter == 0 else 10 * j
             A0 = jax.lax.stop_gradient(build())
-            return chol(A0 + (j * jax.lax.stop_gradient(scale)) * eye), j, t + 1
+            return j, t + 1, ~failed(chol(A0 + (j * jax.lax.stop_gradient(scale)) * eye))
 
-        # The search runs without derivatives (a while loop has no reverse mode); the factor
-        # it found is then recomputed differentiably with the jitter it needed.
-        _, used, tries = jax.lax.while_loop(cond, body, (jax.lax.stop_gradient(L), jnp.asarray(jitter, A.dtype), 0))
-        L = jax.lax.cond(tries == 0, lambda: L, lambda: factor(build(), used))
+        def retry(L):
+            # The search runs without derivatives (a while loop has no reverse mode) and
+            # carries only whether a jitter worked; the factor it found is then recomputed
+            # differentiably with the jitter it needed.
+            used, tries, _ = jax.lax.while_loop(cond, body, (jnp.asarray(jitter, A.dtype), 0, jnp.asarray(False)))
+            return factor(build(), used), used, tries
+
+        def first_worked(L):
+            return L, jnp.asarray(jitter, A.dtype), 0
+
+        # Only a failed first factorisation enters the retries (and builds the matrix again).
+        L, used, tries = jax.lax.cond(failed(L), retry, first_worked, L)
         jax.debug.callback(_report, used, tries > 0, ~failed(L))
     bad = failed(L)
     flag = bad

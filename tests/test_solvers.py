@@ -133,6 +133,32 @@ def test_cholesky_jitter_and_not_positive_definite():
     assert_close(L @ L.T, cov.as_matrix() + 1e-6 * jnp.eye(3), rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("rebuild", [False, True])
+def test_cholesky_retries_find_the_jitter_and_differentiate(rebuild, monkeypatch):
+    """Duplicate points without noise: the first factorisation fails, the retries find a
+    jitter (and warn), and the result and its gradient are those of `Cholesky(jitter=used)`.
+    `rebuild`: the matrix is built again for the retries (the large-matrix path) instead of
+    being kept."""
+    import eqgp._linalg
+
+    if rebuild:
+        monkeypatch.setattr(eqgp._linalg, "_REBUILD_BYTES", 0)
+    X = jnp.concatenate([jnp.linspace(0.0, 1.0, 5), jnp.linspace(0.0, 1.0, 5)])[:, None]
+    obs = eqgp.Observations.values(X, jnp.sin(3 * X[:, 0]))
+
+    def loss(gp):
+        return gp.log_marginal_likelihood(obs)
+
+    gp = eqgp.GaussianProcess(kernels.RBF(0.4), noise=1e-300, noise_floor=0.0, solver=eqgp.Cholesky(max_tries=4))
+    with pytest.warns(RuntimeWarning, match=r"needed jitter 1.0e-08"):
+        value, grad = jax.block_until_ready(eqx.filter_jit(eqx.filter_value_and_grad(lambda g: loss(g)))(gp))
+    fixed = eqx.tree_at(lambda g: g.solver, gp, eqgp.Cholesky(jitter=1e-8))
+    ref_value, ref_grad = eqx.filter_value_and_grad(loss)(fixed)
+    assert_close(value, ref_value, rtol=1e-10)
+    for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(ref_grad), strict=True):
+        assert_close(a, b, rtol=1e-8, atol=1e-10)
+
+
 def test_cholesky_jitter_is_relative_to_the_kernel_not_the_noise():
     # Padding rows with a huge known noise must not inflate the jitter of the real rows.
     X = jnp.zeros((4, 1))
