@@ -23,6 +23,10 @@ Groups = tuple[tuple[AbstractOperator, Float[Array, "_ _"]], ...]
 #: Default memory budget of one tile of a matrix-free product (bytes).
 TILE_BYTES = 2**28
 
+# Up to this size (bytes) the dense matrix is built in one piece, and the dense pullback
+# visits its pairs in one piece: compile time matters more than memory there.
+_SMALL_BYTES = 2**24
+
 # Bytes of intermediate values one row point of a tile keeps per column point, input
 # dimension and right-hand side (primal, tangent and the reverse pass's residuals).
 _BYTES_PER_ENTRY = 64
@@ -54,6 +58,9 @@ def _dense(kernel, groups: Groups, noise: Array, slab_bytes: int | None) -> Arra
     sizes = _sizes(groups)
     R = int(sum(sizes))
     dtype = noise.dtype
+    if slab_bytes is None and R * R * jnp.dtype(dtype).itemsize <= _SMALL_BYTES:
+        # Small: one piece (a simpler program to compile; the memory does not matter).
+        return _operator_gram(kernel, groups, groups) + jnp.diag(noise)
     K = jnp.zeros((R, R), dtype)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
     for g, (op, X) in enumerate(groups):
@@ -345,6 +352,7 @@ def _symmetric_pullback(kernel, groups, W, chunk_bytes: int | None = None) -> Ar
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     total = jnp.zeros((), W.dtype)
     itemsize = jnp.dtype(W.dtype).itemsize
+    whole = chunk_bytes is None and R * R * itemsize <= _SMALL_BYTES  # small: one piece
     for g, (op1, X1) in enumerate(groups):
         for h in range(g, len(groups)):
             op2, X2 = groups[h]
@@ -356,7 +364,7 @@ def _symmetric_pullback(kernel, groups, W, chunk_bytes: int | None = None) -> Ar
             weight = 1.0 if g == h else 2.0
             if _structured_cross(kernel, op1, X1[:1], op2, X2[:1], "blocked") is not None:
                 # A structured gram (eqgp._gram) by slabs of rows: every pair of the block.
-                t = _slab_rows(R, P1, N, itemsize, chunk_bytes)
+                t = N if whole else _slab_rows(R, P1, N, itemsize, chunk_bytes)
                 starts = jnp.minimum(jnp.arange(-(-N // t)) * t, N - t)
                 # Rows a slab shares with the one before (the last slab overlaps) count once.
                 first = np.minimum(np.arange(-(-N // t)) * t, N - t)
@@ -373,13 +381,16 @@ def _symmetric_pullback(kernel, groups, W, chunk_bytes: int | None = None) -> Ar
                 def body(acc, a, slab=slab):
                     return acc + slab(*a), None
 
-                part, _ = jax.lax.scan(body, jnp.zeros((), W.dtype), (starts, jnp.asarray(fresh)))
+                if len(fresh) == 1:
+                    part = slab(starts[0], jnp.asarray(fresh[0]))
+                else:
+                    part, _ = jax.lax.scan(body, jnp.zeros((), W.dtype), (starts, jnp.asarray(fresh)))
                 total = total + weight * part
                 continue
             i, j, w = _pair_indices(N, M, g == h)
             per_pair = P1 * P2 * itemsize * 4  # the block, its cotangent and the gathered W
             budget = chunk_bytes if chunk_bytes is not None else int(min(max(R * R * itemsize // 8, 2**20), 2**26))
-            c = int(min(len(i), max(1, budget // per_pair)))
+            c = len(i) if whole else int(min(len(i), max(1, budget // per_pair)))
             n = -(-len(i) // c)
             pad = n * c - len(i)  # padded with weight-0 pairs
             i = np.concatenate([i, np.zeros(pad, i.dtype)]).reshape(n, c)
@@ -397,6 +408,9 @@ def _symmetric_pullback(kernel, groups, W, chunk_bytes: int | None = None) -> Ar
             def body(acc, ijw, chunk=chunk):
                 return acc + chunk(ijw), None
 
-            part, _ = jax.lax.scan(body, jnp.zeros((), W.dtype), (jnp.asarray(i), jnp.asarray(j), jnp.asarray(w)))
+            if n == 1:
+                part = chunk((jnp.asarray(i[0]), jnp.asarray(j[0]), jnp.asarray(w[0])))
+            else:
+                part, _ = jax.lax.scan(body, jnp.zeros((), W.dtype), (jnp.asarray(i), jnp.asarray(j), jnp.asarray(w)))
             total = total + part
     return total

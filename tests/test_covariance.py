@@ -166,7 +166,8 @@ def _warped():
     return kernels.Warped(kernels.Matern52(1.3), Pairs())
 
 
-@pytest.mark.parametrize("which", ["plain", pytest.param("warped", marks=pytest.mark.slow)])
+@pytest.mark.slow  # ~50 s per kernel on 2 cores (a scan step per point and per pair): CI's slow stage
+@pytest.mark.parametrize("which", ["plain", "warped"])
 def test_dense_matrix_in_slabs_and_pullback_in_chunks_equal_one_piece(which):
     """`as_matrix` writes slabs of rows into one buffer (the last slab overlapping the one
     before), and the dense pullback visits pairs in chunks (structured grams: slabs of rows);

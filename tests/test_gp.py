@@ -258,9 +258,9 @@ def test_compiled_memory_of_the_dense_path_in_covariance_matrices(N):
 
     Xs = jax.random.normal(jax.random.key(1), (50, D), jnp.float64)
     nll_grad = lambda g, o: eqx.filter_grad(lambda g: -g.log_marginal_likelihood(o))(g)  # noqa: E731
-    if N == 100:  # a slab's 1 MiB floor is 0.36 matrices here
-        assert used(lambda g, o: g.condition(o), gp, obs) <= 1.8
-        assert used(nll_grad, gp, obs) <= 2.3
+    if N == 100:  # small (<= 16 MiB): built and pulled back in one piece (compile time)
+        assert used(lambda g, o: g.condition(o), gp, obs) <= 2.3
+        assert used(nll_grad, gp, obs) <= 3.1
         post = gp.condition(obs)
         assert used(lambda p, x: (p.mean(x), p.variance(x)), post, Xs) <= 0.3
     else:
