@@ -46,10 +46,15 @@ def _split(V: Array, groups: Groups) -> list[Array]:
     return out
 
 
+def _slab_budget(R: int, itemsize: int) -> int:
+    """Default bytes of one slab (or pullback chunk): an eighth of the matrix, 1 to 64 MiB."""
+    return int(min(max(R * R * itemsize // 8, 2**20), 2**26))
+
+
 def _slab_rows(R: int, P: int, N: int, itemsize: int, slab_bytes: int | None) -> int:
     """Points per slab of `P` components against `R` columns."""
     if slab_bytes is None:
-        slab_bytes = int(min(max(R * R * itemsize // 8, 2**20), 2**26))
+        slab_bytes = _slab_budget(R, itemsize)
     return int(min(N, max(1, slab_bytes // max(1, P * R * itemsize))))
 
 
@@ -389,7 +394,7 @@ def _symmetric_pullback(kernel, groups, W, chunk_bytes: int | None = None) -> Ar
                 continue
             i, j, w = _pair_indices(N, M, g == h)
             per_pair = P1 * P2 * itemsize * 4  # the block, its cotangent and the gathered W
-            budget = chunk_bytes if chunk_bytes is not None else int(min(max(R * R * itemsize // 8, 2**20), 2**26))
+            budget = chunk_bytes if chunk_bytes is not None else _slab_budget(R, itemsize)
             c = len(i) if whole else int(min(len(i), max(1, budget // per_pair)))
             n = -(-len(i) // c)
             pad = n * c - len(i)  # padded with weight-0 pairs

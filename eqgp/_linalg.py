@@ -125,7 +125,7 @@ def cholesky(
     scale` (computed only after a failure), else `message`.
 
     Only one triangle of `A` is read. `A` may be a function that builds the matrix: above
-    256 MiB it is then called again where a retry needs the matrix a second time, so that the
+    32 MiB (`_REBUILD_BYTES`) it is then called again where a retry needs the matrix a second time, so that the
     factorisation can overwrite the only copy of it (one covariance-sized buffer instead of
     two). `transposed=True` returns `L^T`, which is LAPACK's
     column-major `L` read row-major: no copy on CPU. `principal` (row indices; by default all)

@@ -77,10 +77,10 @@ class Cholesky(AbstractPullbackSolver[_CholeskyState]):
         if cov.size:
             # From the diagonal's own evaluations, not read off the matrix: a read of the
             # matrix that XLA cannot order before the in-place factorisation costs a copy.
-            diagonal = cov.diagonal()
-            scale = jnp.mean(diagonal)
+            kernel_diagonal = cov.kernel_diagonal()
+            scale = jnp.mean(kernel_diagonal + cov.noise)
             if self.jitter or self.max_tries:
-                kernel = jnp.mean(cov.kernel_diagonal())
+                kernel = jnp.mean(kernel_diagonal)
                 scale = jnp.where(kernel > 0, kernel, scale)
         # The factorisation overwrites the only copy of the gram (a large one is built again
         # for jitter retries; the indefiniteness test reads a small principal submatrix).
