@@ -201,14 +201,15 @@ def test_a_failed_factorisation_says_whether_jitter_could_help():
     assert "because the matrix is indefinite" not in str(info.value)
 
 
-@pytest.mark.slow  # ~60s on 2 cores: CI's slow stage
-def test_cg_likelihood_gradient_is_unbiased_with_the_defaults():
-    # The case: 150 points in 3-D with values and gradients (600 rows), noise 1e-3,
-    # default settings. The control variate used to be the CG preconditioner (noise + a rank-128
-    # factor, far from K in the other 472 directions): the estimate was 1.8-2.8x off per key and
-    # 1.2x off averaged over 4 keys. With the diagonal restored it is 0.04-0.10 per key, and the
-    # average over keys converges to Cholesky's gradient (unbiased).
-    X = jax.random.uniform(jax.random.key(0), (150, 3), jnp.float64, -2, 2)
+@pytest.mark.slow  # ~90s on 2 cores: CI's slow stage
+@pytest.mark.parametrize("N, keys", [(150, 4), (500, 2)])
+def test_cg_likelihood_gradient_is_within_5_percent_with_the_defaults(N, keys):
+    # The case: 150 points in 3-D with values and gradients (600 rows; and 500 points,
+    # 2 000 rows), noise 1e-3, default settings. The control variate used to be the CG
+    # preconditioner (noise + a rank-128 factor): 1.8-2.8x off per key. With the diagonal
+    # restored, 0.04-0.10 per key at rank 128 (0.09-0.20 at 2 000 rows); the default rank
+    # min(512, R // 2) brings each key within 0.05 (measured 0.01-0.02 and 0.001-0.002).
+    X = jax.random.uniform(jax.random.key(0), (N, 3), jnp.float64, -2, 2)
     f = lambda x: jnp.sin(2 * x[0]) * jnp.cos(x[1]) + 0.3 * x[1] * x[2]  # noqa: E731
     obs = eqgp.Observations.values_and_gradients(X, jax.vmap(f)(X), jax.vmap(jax.grad(f))(X))
     k = kernels.RBF([1.0, 1.3, 0.8], variance=1.5)
@@ -219,7 +220,26 @@ def test_cg_likelihood_gradient_is_unbiased_with_the_defaults():
         return jnp.concatenate([jnp.ravel(leaf) for leaf in jax.tree.leaves(g)])
 
     exact = flat_grad(eqgp.Cholesky(), None)
-    estimates = jnp.stack([flat_grad(eqgp.ConjugateGradient(), jax.random.key(i)) for i in range(8)])
+    estimates = jnp.stack([flat_grad(eqgp.ConjugateGradient(), jax.random.key(i)) for i in range(keys)])
     errors = jnp.linalg.norm(estimates - exact[None], axis=1) / jnp.linalg.norm(exact)
-    assert float(jnp.max(errors)) < 0.2  # each key: probe noise only
-    assert float(jnp.linalg.norm(jnp.mean(estimates, 0) - exact) / jnp.linalg.norm(exact)) < 0.05
+    assert float(jnp.max(errors)) < 0.05  # each key
+    # Unbiased: the average over keys is closer still.
+    assert float(jnp.linalg.norm(jnp.mean(estimates, 0) - exact) / jnp.linalg.norm(exact)) < 0.03
+
+
+def test_cg_converges_at_interpolation_noise():
+    # Relative noise 1e-8 (a deterministic simulator): 60 points in 27-D with values and
+    # gradients (1 680 rows), the default preconditioner (rank 512). lineax's CG (residual
+    # replacement every 10 steps) diverged on this kind of problem; the rank-128
+    # preconditioner needed ~6x the steps.
+    N, D = 60, 27
+    X = jax.random.normal(jax.random.key(0), (N, D)) * 0.3
+    f = lambda x: jnp.sum(jnp.sin(x)) + 0.1 * jnp.sum(x) ** 2  # noqa: E731
+    obs = eqgp.Observations.values_and_gradients(X, jax.vmap(f)(X), jax.vmap(jax.grad(f))(X))
+    Xs = jax.random.normal(jax.random.key(1), (5, D)) * 0.3
+    k = kernels.RBF(jnp.full(D, 3.0))
+    means = []
+    for solver in (eqgp.Cholesky(), eqgp.ConjugateGradient()):
+        gp = eqgp.GaussianProcess(k, noise=1e-8, noise_floor=0.0, solver=solver)
+        means.append(eqx.filter_jit(lambda g, o, x: g.condition(o).mean(x))(gp, obs, Xs))
+    assert_close(means[1], means[0], rtol=1e-4, atol=1e-5 * float(jnp.max(jnp.abs(means[0]))))
