@@ -25,7 +25,7 @@ class _CGState(AbstractSolverState):
     love: tuple[Array, Array] | None = None
 
 
-# The recomputed residual of a converged CG solve may exceed lineax's recursive estimate a
+# The recomputed residual of a converged CG solve may exceed the recursive estimate a
 # little: a solve fails only beyond this multiple of `rtol`.
 _RESIDUAL_SLACK = 10
 
