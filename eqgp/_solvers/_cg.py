@@ -31,7 +31,7 @@ _RESIDUAL_SLACK = 10
 
 # The default preconditioner rank's cap. Measured (docs/performance.md): at 2 000 gradient
 # rows, noise 1e-3, the likelihood gradient's error per key fell from 0.09-0.20 (rank 128) to
-# 0.001-0.002 (512), and each likelihood + gradient ran faster (13 s vs 22 s: fewer CG steps);
+# 0.001-0.002 (512), and each likelihood + gradient ran faster (12 s vs 22 s: fewer CG steps);
 # at relative noise 1e-8 on 5 600 rows CG needs 946 steps at 512, 5 945 at 128.
 _DEFAULT_RANK = 512
 
@@ -115,8 +115,8 @@ class ConjugateGradient(AbstractPullbackSolver[_CGState]):
       (`E[(K^{-1} F w)(F^{-T} w)^T] = K^{-1}` for `P = F F^T`), with `tr(P^{-1} dK)` exact
       as a control variate, where `P` is the preconditioner's low-rank factor with the
       covariance's diagonal restored (noise plus what the factor leaves out); unbiased, its
-      error per key relative to the exact gradient 0.01-0.02 on 600 gradient rows at noise
-      1e-3 with the defaults (rank 300), 0.001-0.002 on 2 000 rows (rank 512), 0.1-0.2 at rank
+      error per key relative to the exact gradient 0.002-0.007 on 600 gradient rows at noise
+      1e-3 with the defaults (rank 300), 0.001-0.002 on 2 000 rows (rank 512), 0.07-0.2 at rank
       128 (average keys, raise `num_probes` or `preconditioner_rank` to tighten it);
     - predictive variances and covariances: with `variance_rank=0` (default) one CG solve
       per predicted output (accurate to `rtol`, costly for many test points); with
