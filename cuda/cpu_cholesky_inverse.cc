@@ -28,13 +28,67 @@ std::atomic<DPotri*> g_dpotri{nullptr};
 std::atomic<SPotri*> g_spotrf{nullptr};
 std::atomic<DPotri*> g_dpotrf{nullptr};
 
+// BLAS level 3 (scipy.linalg.cython_blas) for the tiled factorisation below.
+template <typename T>
+using Trsm = void(char* side, char* uplo, char* transa, char* diag, int* m, int* n, T* alpha, T* a, int* lda, T* b,
+                  int* ldb);
+template <typename T>
+using Syrk = void(char* uplo, char* trans, int* n, int* k, T* alpha, T* a, int* lda, T* beta, T* c, int* ldc);
+template <typename T>
+using Gemm = void(char* transa, char* transb, int* m, int* n, int* k, T* alpha, T* a, int* lda, T* b, int* ldb,
+                  T* beta, T* c, int* ldc);
+template <typename T>
+struct Blas {
+  std::atomic<Trsm<T>*> trsm{nullptr};
+  std::atomic<Syrk<T>*> syrk{nullptr};
+  std::atomic<Gemm<T>*> gemm{nullptr};
+};
+Blas<float> g_sblas;
+Blas<double> g_dblas;
+
+// Column-major lower Cholesky in place (`a`, order n, leading dimension n), right-looking
+// in tiles of `nb`: ?potrf on each diagonal tile, ?trsm for the tiles below it, ?syrk/?gemm
+// for each tile of the trailing matrix. Every BLAS/LAPACK call sees at most nb x nb tiles
+// (its pointer offset here, in 64 bits). Why: scipy's OpenBLAS 0.3.30 (the one jaxlib's and
+// scipy's Cholesky use) segfaults in its threaded ?potrf and ?syrk on large orders (n >= 16 384
+// on 2 threads; scipy.linalg.cho_factor and jax.lax.linalg.cholesky crash alike). Returns
+// LAPACK's info (0, or the order of the first minor that is not positive definite).
+template <typename T, typename Potrf>
+int64_t TiledPotrf(Potrf* potrf, const Blas<T>& blas, T* a, int64_t n, int64_t nb) {
+  Trsm<T>* trsm = blas.trsm.load();
+  Syrk<T>* syrk = blas.syrk.load();
+  Gemm<T>* gemm = blas.gemm.load();
+  int ld = static_cast<int>(n);
+  auto at = [&](int64_t i, int64_t j) { return a + i + j * n; };
+  char L = 'L', R = 'R', N = 'N', Tr = 'T';
+  T one = 1, minus_one = -1;
+  for (int64_t k = 0; k < n; k += nb) {
+    int kb = static_cast<int>(std::min(nb, n - k)), info = 0;
+    potrf(&L, &kb, at(k, k), &ld, &info);
+    if (info != 0) return k + info;
+    for (int64_t i = k + kb; i < n; i += nb) {  // L21 = A21 L11^{-T}
+      int ib = static_cast<int>(std::min(nb, n - i));
+      trsm(&R, &L, &Tr, &N, &ib, &kb, &one, at(k, k), &ld, at(i, k), &ld);
+    }
+    for (int64_t j = k + kb; j < n; j += nb) {  // A22 -= L21 L21^T, the lower tiles
+      int jb = static_cast<int>(std::min(nb, n - j));
+      syrk(&L, &N, &jb, &kb, &minus_one, at(j, k), &ld, &one, at(j, j), &ld);
+      for (int64_t i = j + jb; i < n; i += nb) {
+        int ib = static_cast<int>(std::min(nb, n - i));
+        gemm(&N, &Tr, &ib, &jb, &kb, &minus_one, at(i, k), &ld, at(j, k), &ld, &one, at(i, j), &ld);
+      }
+    }
+  }
+  return 0;
+}
+
 // The factor of a symmetric K held as L^T, row-major (which is LAPACK's column-major L):
 // ?potrf('L') on the row-major buffer reads K's upper triangle (K is symmetric) and
 // overwrites it with L^T; the other triangle is zeroed; a matrix that is not numerically
 // positive definite gives NaN throughout (as jax.lax.linalg.cholesky does). Row-major in,
 // row-major out, and XLA aliases the output to the input: no layout copy, no second matrix.
 template <typename T, typename Potrf>
-ffi::Error CholeskyT(Potrf* potrf, const ffi::AnyBuffer& K, ffi::AnyBuffer& out) {
+ffi::Error CholeskyT(Potrf* potrf, const Blas<T>& blas, const ffi::AnyBuffer& K, ffi::AnyBuffer& out, int64_t tile) {
   const char* name = "eqgp_cholesky_t[cpu]";
   auto dims = K.dimensions();
   if (dims.size() < 2 || dims[dims.size() - 1] != dims[dims.size() - 2] || !(out.dimensions() == dims) ||
@@ -44,6 +98,11 @@ ffi::Error CholeskyT(Potrf* potrf, const ffi::AnyBuffer& K, ffi::AnyBuffer& out)
   }
   if (potrf == nullptr) {
     return ffi::Error::Internal(std::string(name) + ": LAPACK ?potrf was not registered");
+  }
+  if (tile < 0) return ffi::Error::InvalidArgument(std::string(name) + ": tile must be >= 0");
+  const bool tiled = tile > 0 && tile < dims.back();
+  if (tiled && (blas.trsm.load() == nullptr || blas.syrk.load() == nullptr || blas.gemm.load() == nullptr)) {
+    return ffi::Error::Internal(std::string(name) + ": BLAS ?trsm/?syrk/?gemm were not registered");
   }
   const int64_t n = dims.back();
   if (n == 0) return ffi::Error::Success();
@@ -56,9 +115,15 @@ ffi::Error CholeskyT(Potrf* potrf, const ffi::AnyBuffer& K, ffi::AnyBuffer& out)
   if (src != dst) std::copy(src, src + batch * n * n, dst);
   for (int64_t b = 0; b < batch; ++b) {
     T* A = dst + b * n * n;
-    char uplo = 'L';
-    int nn = static_cast<int>(n), lda = nn, info = 0;
-    potrf(&uplo, &nn, A, &lda, &info);
+    int64_t info = 0;
+    if (tiled) {
+      info = TiledPotrf<T>(potrf, blas, A, n, tile);
+    } else {
+      char uplo = 'L';
+      int nn = static_cast<int>(n), lda = nn, status = 0;
+      potrf(&uplo, &nn, A, &lda, &status);
+      info = status;
+    }
     if (info != 0) {
       std::fill(A, A + n * n, std::numeric_limits<T>::quiet_NaN());
       continue;
@@ -129,12 +194,12 @@ ffi::Error CholeskyInverseCpu(ffi::AnyBuffer L, ffi::Result<ffi::AnyBuffer> out,
   }
 }
 
-ffi::Error CholeskyTCpu(ffi::AnyBuffer K, ffi::AnyBuffer /*after*/, ffi::Result<ffi::AnyBuffer> out) {
+ffi::Error CholeskyTCpu(ffi::AnyBuffer K, ffi::AnyBuffer /*after*/, ffi::Result<ffi::AnyBuffer> out, int64_t tile) {
   switch (K.element_type()) {
     case ffi::DataType::F32:
-      return CholeskyT<float>(g_spotrf.load(), K, *out);
+      return CholeskyT<float>(g_spotrf.load(), g_sblas, K, *out, tile);
     case ffi::DataType::F64:
-      return CholeskyT<double>(g_dpotrf.load(), K, *out);
+      return CholeskyT<double>(g_dpotrf.load(), g_dblas, K, *out, tile);
     default:
       return ffi::Error::InvalidArgument("eqgp_cholesky_t[cpu]: unsupported dtype " +
                                          eqgp::DTypeName(K.element_type()) + " (expected float32 or float64)");
@@ -153,6 +218,15 @@ void EqgpSetLapackPotrf(void* spotrf, void* dpotrf) {
   g_dpotrf.store(reinterpret_cast<DPotri*>(dpotrf));
 }
 
+void EqgpSetBlas(void* strsm, void* dtrsm, void* ssyrk, void* dsyrk, void* sgemm, void* dgemm) {
+  g_sblas.trsm.store(reinterpret_cast<Trsm<float>*>(strsm));
+  g_dblas.trsm.store(reinterpret_cast<Trsm<double>*>(dtrsm));
+  g_sblas.syrk.store(reinterpret_cast<Syrk<float>*>(ssyrk));
+  g_dblas.syrk.store(reinterpret_cast<Syrk<double>*>(dsyrk));
+  g_sblas.gemm.store(reinterpret_cast<Gemm<float>*>(sgemm));
+  g_dblas.gemm.store(reinterpret_cast<Gemm<double>*>(dgemm));
+}
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EqgpCholeskyInverseCpu, CholeskyInverseCpu,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()   // L, lower, (..., n, n), or L^T
@@ -164,4 +238,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EqgpCholeskyTCpu, CholeskyTCpu,
                                   .Arg<ffi::AnyBuffer>()   // K, symmetric, (..., n, n)
                                   .Arg<ffi::AnyBuffer>()   // not read: values computed from K that
                                                            // must be read before K is overwritten
-                                  .Ret<ffi::AnyBuffer>()); // L^T, row-major (aliases K)
+                                  .Ret<ffi::AnyBuffer>()   // L^T, row-major (aliases K)
+                                  .Attr<int64_t>("tile"));  // 0: one ?potrf; else tiles of this order

@@ -4,3 +4,4 @@
 
 void EqgpSetLapackPotri(void* spotri, void* dpotri);
 void EqgpSetLapackPotrf(void* spotrf, void* dpotrf);
+void EqgpSetBlas(void* strsm, void* dtrsm, void* ssyrk, void* dsyrk, void* sgemm, void* dgemm);

@@ -22,6 +22,13 @@ py::capsule EncapsulateFfiHandler(T* fn) {
   return py::capsule(reinterpret_cast<void*>(fn));
 }
 
+// The function pointer a scipy `__pyx_capi__` capsule holds.
+void* CapsulePointer(const py::capsule& c) {
+  void* p = PyCapsule_GetPointer(c.ptr(), PyCapsule_GetName(c.ptr()));
+  if (p == nullptr) throw py::error_already_set();
+  return p;
+}
+
 PYBIND11_MODULE(_native_cpu, m) {
   m.doc() = "eqgp CPU XLA FFI handlers";
   m.def("registrations", []() {
@@ -34,16 +41,22 @@ PYBIND11_MODULE(_native_cpu, m) {
   });
   // spotri, dpotri, spotrf and dpotrf as the PyCapsules of scipy.linalg.cython_lapack.__pyx_capi__.
   m.def("set_lapack", [](py::capsule spotri, py::capsule dpotri, py::capsule spotrf, py::capsule dpotrf) {
-    auto get = [](const py::capsule& c) {
-      void* p = PyCapsule_GetPointer(c.ptr(), PyCapsule_GetName(c.ptr()));
-      if (p == nullptr) throw py::error_already_set();
-      return p;
-    };
-    void* si = get(spotri);
-    void* di = get(dpotri);
-    void* sf = get(spotrf);
-    void* df = get(dpotrf);
+    void* si = CapsulePointer(spotri);
+    void* di = CapsulePointer(dpotri);
+    void* sf = CapsulePointer(spotrf);
+    void* df = CapsulePointer(dpotrf);
     EqgpSetLapackPotri(si, di);
     EqgpSetLapackPotrf(sf, df);
+  });
+  // strsm, dtrsm, ssyrk, dsyrk, sgemm, dgemm from scipy.linalg.cython_blas.__pyx_capi__.
+  m.def("set_blas", [](py::capsule strsm, py::capsule dtrsm, py::capsule ssyrk, py::capsule dsyrk, py::capsule sgemm,
+                       py::capsule dgemm) {
+    void* st = CapsulePointer(strsm);
+    void* dt = CapsulePointer(dtrsm);
+    void* ss = CapsulePointer(ssyrk);
+    void* ds = CapsulePointer(dsyrk);
+    void* sg = CapsulePointer(sgemm);
+    void* dg = CapsulePointer(dgemm);
+    EqgpSetBlas(st, dt, ss, ds, sg, dg);
   });
 }

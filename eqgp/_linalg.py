@@ -63,14 +63,24 @@ def _factor(A: Array) -> Array:
     return jax.lax.linalg.cholesky(A, symmetrize_input=False)
 
 
-def _native_factor_t(A, after):
+# Above this order the native factorisation works in tiles of `_TILE` (?potrf, ?trsm, ?syrk,
+# ?gemm on tiles, as LAPACK's blocked algorithm): scipy's OpenBLAS 0.3.30, which jaxlib's and
+# scipy's Cholesky call, segfaults in its threaded ?potrf/?syrk from order ~16 384 (2 threads;
+# `jax.lax.linalg.cholesky` and `scipy.linalg.cho_factor` crash alike).
+_TILED_ABOVE = 8192
+_TILE = 1024
+
+
+def _native_factor_t(A, after, tile=None):
+    if tile is None:
+        tile = _TILE if A.shape[-1] > _TILED_ABOVE else 0
     call = jax.ffi.ffi_call(
         "eqgp_cholesky_t",
         jax.ShapeDtypeStruct(A.shape, A.dtype),
         vmap_method="broadcast_all",
         input_output_aliases={0: 0},
     )
-    return call(A, after)
+    return call(A, after, tile=np.int64(tile))
 
 
 def _generic_factor_t(A, after):

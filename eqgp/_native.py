@@ -45,10 +45,12 @@ def _register_lapack() -> bool:
     if _cpu is None or not hasattr(_cpu, "set_lapack"):
         return False
     try:
-        from scipy.linalg import cython_lapack
+        from scipy.linalg import cython_blas, cython_lapack
 
         capi = cython_lapack.__pyx_capi__
         _cpu.set_lapack(capi["spotri"], capi["dpotri"], capi["spotrf"], capi["dpotrf"])
+        blas = cython_blas.__pyx_capi__
+        _cpu.set_blas(*(blas[name] for name in ("strsm", "dtrsm", "ssyrk", "dsyrk", "sgemm", "dgemm")))
     except Exception:  # noqa: BLE001 -- any failure here means: use the generic path
         return False
     return True

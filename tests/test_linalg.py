@@ -87,6 +87,26 @@ def test_factor_t_in_place_keeps_a_live_input_and_marks_failure_with_nan():
     assert bool(jnp.all(jnp.isnan(jax.jit(factor_t)(bad))))
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_tiled_factorisation_equals_lapacks(dtype):
+    # Large orders (> 8 192) are factored in tiles (scipy's OpenBLAS 0.3.30 segfaults in its
+    # threaded ?potrf from ~16 384); here with small tiles: whole tiles, a ragged last tile, a
+    # tile larger than the matrix, a batch, and a failure in a later tile (NaN throughout).
+    from eqgp._linalg import _native_factor_t
+
+    if not HAVE_NATIVE_INVERSE:
+        pytest.skip("no native LAPACK")
+    none = jnp.zeros((0,), dtype)
+    for shape, tile in (((64, 64), 16), ((50, 50), 16), ((33, 33), 100), ((2, 40, 40), 7)):
+        K = _spd(jax.random.key(shape[-1]), shape, jnp.float64).astype(dtype)
+        tiled = jax.jit(lambda K, t=tile: _native_factor_t(K, none, tile=t))(K)
+        whole = jax.jit(lambda K: _native_factor_t(K, none, tile=0))(K)
+        assert_close(tiled, whole, **tol(dtype))
+        assert float(jnp.max(jnp.abs(jnp.tril(tiled, -1)))) == 0.0
+    bad = jnp.eye(40, dtype=dtype).at[30, 30].set(-1.0)
+    assert bool(jnp.all(jnp.isnan(jax.jit(lambda K: _native_factor_t(K, none, tile=16))(bad))))
+
+
 def test_factor_t_reads_one_triangle_and_has_the_cholesky_derivatives():
     K = _spd(jax.random.key(6), (6, 6), jnp.float64)
     junk = K + jnp.tril(jnp.ones_like(K), -1)  # the lower triangle is not read
