@@ -82,6 +82,24 @@ int64_t TiledPotrf(Potrf* potrf, const Blas<T>& blas, T* a, int64_t n, int64_t n
   return 0;
 }
 
+// What both handlers check: square (..., n, n) matrices of one dtype in and out, the LAPACK
+// routine registered, and an order LAPACK's int can hold.
+ffi::Error CheckSquare(const std::string& name, const ffi::AnyBuffer& in, const ffi::AnyBuffer& out,
+                       const void* routine, const char* routine_name) {
+  auto dims = in.dimensions();
+  if (dims.size() < 2 || dims[dims.size() - 1] != dims[dims.size() - 2] || !(out.dimensions() == dims) ||
+      out.element_type() != in.element_type()) {
+    return ffi::Error::InvalidArgument(name + ": expected square (..., n, n) matrices, got " + eqgp::ShapeStr(dims));
+  }
+  if (routine == nullptr) {
+    return ffi::Error::Internal(name + ": LAPACK " + routine_name + " was not registered");
+  }
+  if (dims.back() > int64_t{std::numeric_limits<int>::max()}) {
+    return ffi::Error::InvalidArgument(name + ": n too large for LAPACK");
+  }
+  return ffi::Error::Success();
+}
+
 // The factor of a symmetric K held as L^T, row-major (which is LAPACK's column-major L):
 // ?potrf('L') on the row-major buffer reads K's upper triangle (K is symmetric) and
 // overwrites it with L^T; the other triangle is zeroed; a matrix that is not numerically
@@ -89,26 +107,18 @@ int64_t TiledPotrf(Potrf* potrf, const Blas<T>& blas, T* a, int64_t n, int64_t n
 // row-major out, and XLA aliases the output to the input: no layout copy, no second matrix.
 template <typename T, typename Potrf>
 ffi::Error CholeskyT(Potrf* potrf, const Blas<T>& blas, const ffi::AnyBuffer& K, ffi::AnyBuffer& out, int64_t tile) {
-  const char* name = "eqgp_cholesky_t[cpu]";
+  const std::string name = "eqgp_cholesky_t[cpu]";
+  if (ffi::Error err = CheckSquare(name, K, out, reinterpret_cast<const void*>(potrf), "?potrf"); err.failure()) {
+    return err;
+  }
   auto dims = K.dimensions();
-  if (dims.size() < 2 || dims[dims.size() - 1] != dims[dims.size() - 2] || !(out.dimensions() == dims) ||
-      out.element_type() != K.element_type()) {
-    return ffi::Error::InvalidArgument(std::string(name) + ": expected square (..., n, n) matrices, got " +
-                                       eqgp::ShapeStr(dims));
-  }
-  if (potrf == nullptr) {
-    return ffi::Error::Internal(std::string(name) + ": LAPACK ?potrf was not registered");
-  }
-  if (tile < 0) return ffi::Error::InvalidArgument(std::string(name) + ": tile must be >= 0");
+  if (tile < 0) return ffi::Error::InvalidArgument(name + ": tile must be >= 0");
   const bool tiled = tile > 0 && tile < dims.back();
   if (tiled && (blas.trsm.load() == nullptr || blas.syrk.load() == nullptr || blas.gemm.load() == nullptr)) {
-    return ffi::Error::Internal(std::string(name) + ": BLAS ?trsm/?syrk/?gemm were not registered");
+    return ffi::Error::Internal(name + ": BLAS ?trsm/?syrk/?gemm were not registered");
   }
   const int64_t n = dims.back();
   if (n == 0) return ffi::Error::Success();
-  if (n > int64_t{std::numeric_limits<int>::max()}) {
-    return ffi::Error::InvalidArgument(std::string(name) + ": n too large for LAPACK");
-  }
   const int64_t batch = static_cast<int64_t>(K.element_count()) / (n * n);
   const T* src = K.typed_data<T>();
   T* dst = out.typed_data<T>();
@@ -135,21 +145,12 @@ ffi::Error CholeskyT(Potrf* potrf, const Blas<T>& blas, const ffi::AnyBuffer& K,
 
 template <typename T, typename Potri>
 ffi::Error CholeskyInverse(Potri* potri, const ffi::AnyBuffer& L, ffi::AnyBuffer& out, bool transposed) {
-  const char* name = "eqgp_cholesky_inverse[cpu]";
-  auto dims = L.dimensions();
-  if (dims.size() < 2 || dims[dims.size() - 1] != dims[dims.size() - 2] || !(out.dimensions() == dims) ||
-      out.element_type() != L.element_type()) {
-    return ffi::Error::InvalidArgument(std::string(name) + ": expected square (..., n, n) factors, got " +
-                                       eqgp::ShapeStr(dims));
+  const std::string name = "eqgp_cholesky_inverse[cpu]";
+  if (ffi::Error err = CheckSquare(name, L, out, reinterpret_cast<const void*>(potri), "?potri"); err.failure()) {
+    return err;
   }
-  if (potri == nullptr) {
-    return ffi::Error::Internal(std::string(name) + ": LAPACK ?potri was not registered");
-  }
-  const int64_t n = dims.back();
+  const int64_t n = L.dimensions().back();
   if (n == 0) return ffi::Error::Success();
-  if (n > int64_t{std::numeric_limits<int>::max()}) {
-    return ffi::Error::InvalidArgument(std::string(name) + ": n too large for LAPACK");
-  }
   const int64_t batch = static_cast<int64_t>(L.element_count()) / (n * n);
   const T* src = L.typed_data<T>();
   T* dst = out.typed_data<T>();
@@ -162,7 +163,7 @@ ffi::Error CholeskyInverse(Potri* potri, const ffi::AnyBuffer& L, ffi::AnyBuffer
     int nn = static_cast<int>(n), lda = nn, info = 0;
     potri(&uplo, &nn, A, &lda, &info);
     if (info != 0) {
-      return ffi::Error::InvalidArgument(std::string(name) + ": ?potri failed (info = " +
+      return ffi::Error::InvalidArgument(name + ": ?potri failed (info = " +
                                          std::to_string(info) + "): the factor is singular");
     }
     // The result is one row-major triangle (lower, or upper where `transposed`): mirror it

@@ -175,6 +175,13 @@ def test_solver_options_are_checked():
         eqgp.ConjugateGradient(on_failure="ignore")
     with pytest.raises(ValueError, match="`variance_rank` must be a non-negative int; got -1"):
         eqgp.ConjugateGradient(variance_rank=-1)
+    with pytest.raises(ValueError, match="`preconditioner_rank` must be a non-negative int or None; got -1"):
+        eqgp.ConjugateGradient(preconditioner_rank=-1)
+    # A LOVE cache that cannot be accurate (no preconditioner, a small cache): a warning.
+    with pytest.warns(UserWarning, match="explains too much variance"):
+        eqgp.ConjugateGradient(preconditioner_rank=0, variance_rank=10)
+    assert eqgp.ConjugateGradient()._rank(600) == 300 and eqgp.ConjugateGradient()._rank(5600) == 512
+    assert eqgp.ConjugateGradient(preconditioner_rank=64)._rank(50) == 50
 
 
 class _NotPSD(kernels.AbstractKernel):
