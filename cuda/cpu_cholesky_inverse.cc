@@ -183,7 +183,8 @@ ffi::Error CholeskyInverse(Potri* potri, const ffi::AnyBuffer& L, ffi::AnyBuffer
   return ffi::Error::Success();
 }
 
-ffi::Error CholeskyInverseCpu(ffi::AnyBuffer L, ffi::Result<ffi::AnyBuffer> out, bool transposed) {
+ffi::Error CholeskyInverseCpu(ffi::AnyBuffer L, ffi::AnyBuffer /*after*/, ffi::Result<ffi::AnyBuffer> out,
+                              bool transposed) {
   switch (L.element_type()) {
     case ffi::DataType::F32:
       return CholeskyInverse<float>(g_spotri.load(), L, *out, transposed);
@@ -231,6 +232,8 @@ void EqgpSetBlas(void* strsm, void* dtrsm, void* ssyrk, void* dsyrk, void* sgemm
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EqgpCholeskyInverseCpu, CholeskyInverseCpu,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()   // L, lower, (..., n, n), or L^T
+                                  .Arg<ffi::AnyBuffer>()   // not read: values computed from L that
+                                                           // must be read before L is overwritten
                                   .Ret<ffi::AnyBuffer>()   // (L L^T)^{-1} (may alias the factor)
                                   .Attr<bool>("transposed"));  // the factor is L^T (upper)
 

@@ -315,12 +315,7 @@ class Covariance(eqx.Module):
         the pullback is the reverse pass of the tiled product (matrix-free). A diagonal
         weight `d` adds `<K, diag(d)>` (through `diagonal`, `O(R)`)."""
         if V is None:
-            W = 0.5 * (U + U.T)
-
-            def scalar(c):
-                k = _symmetric_pullback(c.kernel, c.groups, W)
-                return k + jnp.sum(c.noise * jnp.diagonal(W))
-
+            return self.symmetric_pullback(0.5 * (U + U.T), d=d)
         else:
 
             def scalar(c):
@@ -329,6 +324,28 @@ class Covariance(eqx.Module):
         if d is None:
             return eqx.filter_grad(scalar)(self)
         return eqx.filter_grad(lambda c: scalar(c) + jnp.sum(d * c.diagonal()))(self)
+
+    def symmetric_pullback(
+        self,
+        W: Float[Array, "R R"],
+        scale: float = 1.0,
+        u: Float[Array, " R"] | None = None,
+        d: Float[Array, " R"] | None = None,
+    ) -> "Covariance":
+        """The gradient of `<K, scale W + u u^T + diag(d)>` for a symmetric `W` (not
+        checked; only its upper triangle of point pairs is read), each symmetric pair of
+        points visited once. `scale` and `u` never form a matrix: the likelihood's cotangent
+        `(alpha alpha^T - K^{-1}) / 2` is pulled back from `K^{-1}` as LAPACK left it, so the
+        backward pass holds one matrix, not two."""
+        u = jnp.zeros((0,), W.dtype) if u is None else u
+
+        def scalar(c):
+            k = _symmetric_pullback(c.kernel, c.groups, W, scale=scale, u=u if u.size else None)
+            diag = scale * jnp.diagonal(W) + (u * u if u.size else 0.0)
+            out = k + jnp.sum(c.noise * diag)
+            return out if d is None else out + jnp.sum(d * c.diagonal())
+
+        return eqx.filter_grad(scalar)(self)
 
 
 def _pair_indices(N: int, M: int, same: bool):
@@ -344,8 +361,9 @@ def _pair_indices(N: int, M: int, same: bool):
     return i, j, w
 
 
-def _symmetric_pullback(kernel, groups, W, chunk_bytes: int | None = None) -> Array:
-    """`<W, K(kernel, groups)>` for a symmetric `W`, visiting each pair of points once.
+def _symmetric_pullback(kernel, groups, W, chunk_bytes: int | None = None, scale=1.0, u=None) -> Array:
+    """`<scale W + u u^T, K(kernel, groups)>` for a symmetric `W`, visiting each pair of
+    points once (`u u^T` is never formed: each chunk's part of it is).
 
     K is symmetric, so its pullback needs only the block pairs on and above the diagonal.
     The pairs go in chunks (a scan, each chunk rematerialised in the backward pass), so
@@ -366,6 +384,8 @@ def _symmetric_pullback(kernel, groups, W, chunk_bytes: int | None = None) -> Ar
             if N == 0 or M == 0 or P1 == 0 or P2 == 0:
                 continue
             block = W[offsets[g] : offsets[g + 1], offsets[h] : offsets[h + 1]].reshape(P1, N, P2, M)
+            u1 = None if u is None else u[offsets[g] : offsets[g + 1]].reshape(P1, N)
+            u2 = None if u is None else u[offsets[h] : offsets[h + 1]].reshape(P2, M)
             weight = 1.0 if g == h else 2.0
             if _structured_cross(kernel, op1, X1[:1], op2, X2[:1], "blocked") is not None:
                 # A structured gram (eqgp._gram) by slabs of rows: every pair of the block.
@@ -376,10 +396,14 @@ def _symmetric_pullback(kernel, groups, W, chunk_bytes: int | None = None) -> Ar
                 fresh = np.maximum(0, np.concatenate([[0], first[:-1] + t]) - first)
 
                 @jax.checkpoint
-                def slab(start, skip, X1=X1, op1=op1, op2=op2, X2=X2, block=block, t=t, P1=P1, P2=P2, M=M):
+                def slab(
+                    start, skip, X1=X1, op1=op1, op2=op2, X2=X2, block=block, t=t, P1=P1, P2=P2, M=M, u1=u1, u2=u2
+                ):
                     Xt = jax.lax.dynamic_slice_in_dim(X1, start, t)
                     gram = _structured_cross(kernel, op1, Xt, op2, X2, "blocked").reshape(P1, t, P2, M)
-                    Wt = jax.lax.dynamic_slice_in_dim(block, start, t, axis=1)
+                    Wt = scale * jax.lax.dynamic_slice_in_dim(block, start, t, axis=1)
+                    if u1 is not None:
+                        Wt = Wt + jax.lax.dynamic_slice_in_dim(u1, start, t, axis=1)[:, :, None, None] * u2[None, None]
                     keep = (jnp.arange(t) >= skip).astype(W.dtype)[None, :, None, None]
                     return jnp.sum(keep * Wt * gram)
 
@@ -404,9 +428,11 @@ def _symmetric_pullback(kernel, groups, W, chunk_bytes: int | None = None) -> Ar
             pair = _block(kernel, op1, op2)
 
             @jax.checkpoint
-            def chunk(ijw, X1=X1, X2=X2, block=block, pair=pair):
+            def chunk(ijw, X1=X1, X2=X2, block=block, pair=pair, u1=u1, u2=u2):
                 i, j, w = ijw
-                Wp = block[:, i, :, j]  # (c, P1, P2): the advanced indices go first
+                Wp = scale * block[:, i, :, j]  # (c, P1, P2): the advanced indices go first
+                if u1 is not None:
+                    Wp = Wp + u1[:, i].T[:, :, None] * u2[:, j].T[:, None, :]
                 blocks = eqx.filter_vmap(pair)(X1[i], X2[j])
                 return jnp.sum(w.astype(W.dtype)[:, None, None] * blocks * Wp)
 

@@ -231,16 +231,24 @@ def _generic(L):
     return 0.5 * (A + jnp.swapaxes(A, -1, -2))
 
 
-def _native(L, transposed=False):
+def _native(L, after, transposed=False):
     # The inverse overwrites the factor where XLA can alias it (a factor that is dead
     # afterwards, as in the likelihood's backward pass); otherwise XLA copies it first.
+    # `after` (never read) orders other readers of the factor before the overwrite.
     call = jax.ffi.ffi_call(
         "eqgp_cholesky_inverse",
         jax.ShapeDtypeStruct(L.shape, L.dtype),
         vmap_method="broadcast_all",
         input_output_aliases={0: 0},
     )
-    return call(L, transposed=transposed)
+    return call(L, after, transposed=transposed)
+
+
+def _inverse_jvp(Kinv, L, dL):
+    # d(L L^T)^{-1} = -K^{-1} (dL L^T + L dL^T) K^{-1}, with L and dL lower triangular.
+    dK = jnp.tril(dL) @ jnp.swapaxes(jnp.tril(L), -1, -2)
+    dK = dK + jnp.swapaxes(dK, -1, -2)
+    return Kinv, -(Kinv @ dK @ Kinv)
 
 
 @jax.custom_jvp
@@ -248,39 +256,35 @@ def cholesky_inverse(L):
     """`(L L^T)^{-1}` for a lower-triangular `L` `(..., n, n)` (the upper triangle is ignored)."""
     if L.shape[-1] == 0 or not HAVE_NATIVE_INVERSE:
         return _generic(L)
-    return jax.lax.platform_dependent(L, cpu=_native, default=_generic)
+    return jax.lax.platform_dependent(L, cpu=lambda L: _native(L, jnp.zeros((0,), L.dtype)), default=_generic)
 
 
 @cholesky_inverse.defjvp
 def _cholesky_inverse_jvp(primals, tangents):
     (L,), (dL,) = primals, tangents
-    L = jnp.tril(L)
-    dL = jnp.tril(dL)
-    Kinv = cholesky_inverse(L)
-    dK = dL @ jnp.swapaxes(L, -1, -2)
-    dK = dK + jnp.swapaxes(dK, -1, -2)
-    return Kinv, -(Kinv @ dK @ Kinv)
+    return _inverse_jvp(cholesky_inverse(L), L, dL)
 
 
 @jax.custom_jvp
-def cholesky_inverse_t(Lt):
+def cholesky_inverse_t(Lt, after=None):
     """`(L L^T)^{-1}` from `L^T` `(..., n, n)` (upper triangular; the lower triangle is
-    ignored): the factor as `Cholesky` holds it, read by LAPACK without a layout copy."""
+    ignored): the factor as `Cholesky` holds it, read by LAPACK without a layout copy. On
+    CPU the inverse overwrites a factor that is dead afterwards; `after`: values computed
+    from `Lt` (never read here, e.g. solves with it) that XLA must compute first, so that
+    reading them does not keep the factor alive (a copy of it)."""
+    after = jnp.zeros((0,), Lt.dtype) if after is None else after
     if Lt.shape[-1] == 0 or not HAVE_NATIVE_INVERSE:
         return _generic(jnp.swapaxes(Lt, -1, -2))
     return jax.lax.platform_dependent(
         Lt,
-        cpu=lambda Lt: _native(Lt, transposed=True),
-        default=lambda Lt: _generic(jnp.swapaxes(Lt, -1, -2)),
+        after,
+        cpu=lambda Lt, after: _native(Lt, after, transposed=True),
+        default=lambda Lt, after: _generic(jnp.swapaxes(Lt, -1, -2)),
     )
 
 
 @cholesky_inverse_t.defjvp
 def _cholesky_inverse_t_jvp(primals, tangents):
-    (Lt,), (dLt,) = primals, tangents
-    L = jnp.tril(jnp.swapaxes(Lt, -1, -2))
-    dL = jnp.tril(jnp.swapaxes(dLt, -1, -2))
-    Kinv = cholesky_inverse_t(Lt)
-    dK = dL @ jnp.swapaxes(L, -1, -2)
-    dK = dK + jnp.swapaxes(dK, -1, -2)
-    return Kinv, -(Kinv @ dK @ Kinv)
+    (Lt, after), (dLt, _) = primals, tangents
+    Kinv = cholesky_inverse_t(Lt, after)
+    return _inverse_jvp(Kinv, jnp.swapaxes(Lt, -1, -2), jnp.swapaxes(dLt, -1, -2))

@@ -243,8 +243,9 @@ def test_compiled_memory_of_the_dense_path_in_covariance_matrices(N):
     # temporaries plus outputs, at R = 600 and 2 400 (values and gradients; compiled, not
     # run). The gram is written slab by slab into one buffer that LAPACK factors in place
     # and that becomes the posterior's factor; the likelihood's backward pass overwrites the
-    # factor with K^{-1} and pulls back in chunks. Issue 31's targets: 1.3 to condition,
-    # 2.3 for the likelihood's gradient.
+    # factor with K^{-1} and pulls back from it in chunks (the cotangent (alpha alpha^T -
+    # K^{-1}) / 2 is never formed). Issue 31's targets: 1.3 to condition, 2.3 for the
+    # likelihood's gradient.
     D = 5
     X = jax.random.normal(jax.random.key(0), (N, D), jnp.float64)
     f = lambda x: jnp.sum(jnp.sin(x))  # noqa: E731
@@ -260,13 +261,13 @@ def test_compiled_memory_of_the_dense_path_in_covariance_matrices(N):
     nll_grad = lambda g, o: eqx.filter_grad(lambda g: -g.log_marginal_likelihood(o))(g)  # noqa: E731
     if N == 100:  # small (<= 16 MiB): built and pulled back in one piece (compile time)
         assert used(lambda g, o: g.condition(o), gp, obs) <= 2.3
-        assert used(nll_grad, gp, obs) <= 3.1
+        assert used(nll_grad, gp, obs) <= 3.3  # 3.10 (16 MiB at most: compile time first)
         post = gp.condition(obs)
         assert used(lambda p, x: (p.mean(x), p.variance(x)), post, Xs) <= 0.3
     else:
         assert used(lambda g, o: g.condition(o), gp, obs) <= 1.3
         assert used(lambda g, o: g.log_marginal_likelihood(o), gp, obs) <= 1.3
-        assert used(nll_grad, gp, obs) <= 2.1
+        assert used(nll_grad, gp, obs) <= 1.4  # 1.25: K^{-1} over the factor, the cotangent never formed
 
 
 def test_constant_mean_accepts_a_scalar_array():
