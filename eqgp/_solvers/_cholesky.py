@@ -121,7 +121,7 @@ class Cholesky(AbstractPullbackSolver[_CholeskyState]):
         # The cotangent (alpha alpha^T - K^{-1}) / 2 is never formed (a second matrix: XLA
         # cannot write it over K^{-1}, which is read transposed to symmetrise it).
         Kinv = cholesky_inverse_t(state.factor_t, alpha)
-        return cov.symmetric_pullback(Kinv, scale=-0.5, u=alpha / np.sqrt(2.0))
+        return cov.symmetric_pullback(Kinv, scale=-0.5, u=alpha * 2.0**-0.5)
 
     def for_prediction(self, state):
         return state
