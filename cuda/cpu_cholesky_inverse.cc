@@ -125,16 +125,8 @@ ffi::Error CholeskyT(Potrf* potrf, const Blas<T>& blas, const ffi::AnyBuffer& K,
   if (src != dst) std::copy(src, src + batch * n * n, dst);
   for (int64_t b = 0; b < batch; ++b) {
     T* A = dst + b * n * n;
-    int64_t info = 0;
-    if (tiled) {
-      info = TiledPotrf<T>(potrf, blas, A, n, tile);
-    } else {
-      char uplo = 'L';
-      int nn = static_cast<int>(n), lda = nn, status = 0;
-      potrf(&uplo, &nn, A, &lda, &status);
-      info = status;
-    }
-    if (info != 0) {
+    // One tile of order n is a single ?potrf call.
+    if (TiledPotrf<T>(potrf, blas, A, n, tiled ? tile : n) != 0) {
       std::fill(A, A + n * n, std::numeric_limits<T>::quiet_NaN());
       continue;
     }

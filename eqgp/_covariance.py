@@ -337,11 +337,10 @@ class Covariance(eqx.Module):
         points visited once. `scale` and `u` never form a matrix: the likelihood's cotangent
         `(alpha alpha^T - K^{-1}) / 2` is pulled back from `K^{-1}` as LAPACK left it, so the
         backward pass holds one matrix, not two."""
-        u = jnp.zeros((0,), W.dtype) if u is None else u
 
         def scalar(c):
-            k = _symmetric_pullback(c.kernel, c.groups, W, scale=scale, u=u if u.size else None)
-            diag = scale * jnp.diagonal(W) + (u * u if u.size else 0.0)
+            k = _symmetric_pullback(c.kernel, c.groups, W, scale=scale, u=u)
+            diag = scale * jnp.diagonal(W) + (0.0 if u is None else u * u)
             out = k + jnp.sum(c.noise * diag)
             return out if d is None else out + jnp.sum(d * c.diagonal())
 
