@@ -238,4 +238,11 @@ def maximize_acquisition(
         "the posterior (NaN hyper-parameters?) and `best_f`, or use `log_expected_improvement`, which "
         "stays finite far from the incumbent.",
     )
+    best = eqx.error_if(
+        best,
+        best == jnp.inf,
+        "eqgp.maximize_acquisition: the acquisition is +inf at the point it chose, so that point says "
+        "nothing about where to sample (a division by a zero predictive variance?); make the acquisition "
+        "finite, e.g. floor the standard deviation.",
+    )
     return X[i], best

@@ -79,6 +79,13 @@ def fit(
             "(and stops, keeping the model, on a failed step). Call it outside any transformation; to "
             "compile a whole training run, write the loop yourself with `jax.lax.scan` over your own step."
         )
+    if not callable(loss):
+        raise TypeError(f"`loss` must be a callable `loss(model, *args) -> scalar`; got {loss!r:.80}.")
+    if not jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array)):
+        raise ValueError(
+            "`model` has no inexact array leaves to train (hyper-parameters held as Python floats?); "
+            f"got {type(model).__name__}."
+        )
     if not isinstance(optimizer, optax.GradientTransformation):
         hint = " (a factory: call it, e.g. `optax.adam(1e-2)`)" if callable(optimizer) else ""
         raise TypeError(f"`optimizer` must be an optax.GradientTransformation; got {optimizer!r:.80}{hint}.")
@@ -91,6 +98,7 @@ def fit(
     step = _stepper(loss, optimizer, tuple(sorted((compiler_options or {}).items())))
 
     losses: list[float] = []
+    start = model
     bar = None
     i = 0
     prev = model
@@ -113,10 +121,16 @@ def fit(
                     i,
                 ) from e
             if not math.isfinite(value):
+                where = (
+                    f"`.model` is the model of step {i - 1} (last finite loss {losses[-1]:.6g})"
+                    if losses
+                    else "the starting model's loss is not finite (check the data and the initial "
+                    "hyper-parameters); `.model` is the model you passed"
+                )
+                hint = " Lower the learning rate, or bound the noise from below (`noise_floor`)." if losses else ""
                 raise FitError(
-                    f"eqgp.fit: the loss at step {i} is {value}; `.model` is the model of step {i - 1} "
-                    f"(last finite loss {losses[-1] if losses else None}) and `.losses` the {len(losses)} "
-                    "finite losses. Lower the learning rate, or bound the noise from below (`noise_floor`).",
+                    f"eqgp.fit: the loss at step {i} is {value}; {where} and `.losses` the {len(losses)} "
+                    f"finite losses.{hint}",
                     prev if losses else model,
                     _stack(losses),
                     i,
@@ -138,7 +152,33 @@ def fit(
     finally:
         if bar is not None:
             bar.close()
+    _warn_if_rose(losses)
+    if len(losses) >= 2 and _unchanged(start, model):
+        warnings.warn(
+            f"eqgp.fit: no trained array changed in {len(losses)} steps: does `loss` depend on the model it is "
+            "given (not on a model it closes over)? Is the learning rate 0?",
+            stacklevel=2,
+        )
     return model, _stack(losses)
+
+
+def _unchanged(a, b) -> bool:
+    pa, pb = (jax.tree.leaves(eqx.filter(m, eqx.is_inexact_array)) for m in (a, b))
+    return all(bool(jnp.array_equal(x, y)) for x, y in zip(pa, pb))
+
+
+def _warn_if_rose(losses: list[float]) -> None:
+    """A training run that ends well above where it started (a negative or too large
+    learning rate, or an optimizer that ascends) must not pass silently."""
+    if len(losses) < 10:
+        return
+    first, last = losses[0], float(np.median(losses[-5:]))
+    if last > first + 1e-3 * max(abs(first), 1.0):
+        warnings.warn(
+            f"eqgp.fit: the loss rose over training, from {first:.6g} at step 0 to {last:.6g} (median of the "
+            "last 5 steps): is the learning rate negative or too large, or the loss's sign flipped?",
+            stacklevel=3,
+        )
 
 
 def _step(model, opt_state, args, loss, optimizer):

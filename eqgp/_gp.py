@@ -295,6 +295,7 @@ class Posterior(eqx.Module):
         X = as_points("X", X, self.obs.dim)
         if X.dtype != self.alpha.dtype:
             raise TypeError(f"`X` must have dtype {self.alpha.dtype}; got {X.dtype}.")
+        X = eqx.error_if(X, ~jnp.all(jnp.isfinite(X)), "eqgp: the prediction points `X` hold NaN or inf.")
         return X, operator.size(X.shape[1])
 
     def _reduction(self, X, operator, diagonal: bool):

@@ -24,7 +24,10 @@ _REASONS = {
     _FTOL: "converged: relative decrease of the loss <= ftol",
     _MAX_STEPS: "stopped: max_steps reached",
     _NONFINITE: "stopped: the loss or its gradient became non-finite (kept the last finite model)",
-    _LINESEARCH: "stopped: the line search found no decrease (at a minimum to working precision, or a noisy loss)",
+    _LINESEARCH: (
+        "stopped: the line search found no decrease (at a minimum to working precision where grad_norm is "
+        "small; otherwise a noisy, non-smooth or unbounded loss)"
+    ),
     _FAILED: "stopped: a step raised an error (kept the model before it)",
 }
 

@@ -46,7 +46,12 @@ def load(path, like):
         if f.read(len(_MAGIC)) != _MAGIC:
             raise ValueError(f"`path` {str(path)!r} is not a model written by eqgp.save.")
         n = int.from_bytes(f.read(8), "little")
-        saved = json.loads(f.read(n).decode())
+        try:
+            saved = json.loads(f.read(n).decode())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ValueError(
+                f"`path` {str(path)!r} is damaged: its header does not read back ({e}); was the file cut short?"
+            ) from None
         here = _describe(like)
         if saved["structure"] != here["structure"]:
             raise ValueError(
@@ -60,4 +65,10 @@ def load(path, like):
                     f"`like`'s array {i} has shape {tuple(b[0])} and dtype {b[1]}; the saved model's has shape "
                     f"{tuple(a[0])} and dtype {a[1]} (e.g. ARD lengthscales of another length)."
                 )
-        return eqx.tree_deserialise_leaves(f, like)
+        try:
+            return eqx.tree_deserialise_leaves(f, like)
+        except Exception as e:  # noqa: BLE001 - numpy's message on a short read names no file
+            raise ValueError(
+                f"`path` {str(path)!r} is damaged: its arrays do not read back ({type(e).__name__}: "
+                f"{str(e)[:200]}); was the file cut short?"
+            ) from None

@@ -39,7 +39,15 @@ def bond_graph(numbers, positions, tolerance: float = 1.2) -> np.ndarray:
         raise ValueError(f"no covalent radius for atomic numbers {missing}; known: {sorted(_COVALENT_RADIUS)}.")
     if not (isinstance(tolerance, (int, float)) and tolerance > 0):
         raise ValueError(f"`tolerance` must be a number > 0; got {tolerance!r}.")
+    if not np.isfinite(R).all():
+        raise ValueError("`positions` must be finite; got NaN or inf.")
     dist = np.mean(np.linalg.norm(R[:, :, None] - R[:, None], axis=-1), axis=0)
+    close = np.argwhere(np.triu(dist < 0.1, 1))
+    if close.size:
+        i, j = close[0]
+        raise ValueError(
+            f"`positions`: atoms {i} and {j} are {dist[i, j]:.3g} Å apart (coincident atoms; positions in Å?)."
+        )
     radii = np.array([_COVALENT_RADIUS[int(z)] for z in Z])
     bonded = dist < tolerance * (radii[:, None] + radii[None])
     np.fill_diagonal(bonded, False)

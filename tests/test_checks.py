@@ -6,7 +6,10 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import warnings
 
+import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -77,3 +80,32 @@ def test_every_invalid_input_gets_eqgps_own_message_without_the_jaxtyping_hook()
     head, _, failures = out.stdout.partition("\n")
     assert int(head.split()[1]) >= 150
     assert failures.strip() == "", failures
+
+
+# Misuse that must not be silent (tests/misuse_cases.py): each case raises or warns.
+
+
+def _misuse():
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from misuse_cases import misuse_cases
+
+    return misuse_cases()
+
+
+_MISUSE = _misuse()
+
+
+def test_the_misuse_catalogue_has_40_distinct_cases():
+    assert len({name for name, _ in _MISUSE}) == len(_MISUSE) >= 40
+
+
+@pytest.mark.parametrize("index", range(len(_MISUSE)), ids=[name for name, _ in _MISUSE])
+def test_misuse_is_never_silent(index):
+    name, fn = _MISUSE[index]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            jax.block_until_ready(eqx.filter(fn(), eqx.is_array))
+        except Exception:  # noqa: BLE001 - an error of any kind is what is asked
+            return
+    assert caught, f"{name}: returned without an error or a warning"
