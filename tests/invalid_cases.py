@@ -537,6 +537,41 @@ def _round2_cases(X, y, G, gp, post):
         )
     )
 
+    # fit: the loss and the model, before any step.
+    cases.append(("fit loss a string", lambda: eqgp.fit(gp, "nlml", optax.adam(1e-2), 1), r"`loss` must be a callable"))
+    cases.append(
+        (
+            "fit model without arrays",
+            lambda: eqgp.fit(object(), lambda m: 0.0, optax.adam(1e-2), 1),
+            r"`model` has no inexact",
+        )
+    )
+    # Prediction points that are not finite (checked under jit).
+    for what, bad in [("NaN", np.nan), ("inf", np.inf)]:
+        cases.append(
+            (
+                f"mean at {what} points",
+                lambda bad=bad: post.mean(np.full((2, 2), bad)).block_until_ready(),
+                r"the prediction points `X` hold NaN or inf",
+            )
+        )
+    cases.append(
+        (
+            "maximize acquisition +inf",
+            lambda: eqgp.maximize_acquisition(
+                lambda X_: jnp.where(X_[:, 0] > 0.5, jnp.inf, X_[:, 1]), lo, hi, key, steps=2
+            )[1].block_until_ready(),
+            r"the acquisition is \+inf at the point it chose",
+        )
+    )
+    cases.append(
+        (
+            "molecular_permutations coincident atoms",
+            lambda: eqgp.molecular_permutations([1, 1, 8], np.zeros((3, 3))),
+            r"atoms 0 and 1 are 0 Å apart",
+        )
+    )
+
     # Saving into another structure.
     def load_into(like):
         import os
@@ -546,6 +581,17 @@ def _round2_cases(X, y, G, gp, post):
         eqgp.save(path, gp)
         return eqgp.load(path, like)
 
+    def load_cut_short():
+        import os
+        import tempfile
+
+        path = os.path.join(tempfile.mkdtemp(), "gp.eqgp")
+        eqgp.save(path, gp)
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) - 8)
+        return eqgp.load(path, gp)
+
+    cases.append(("load a file cut short", load_cut_short, r"is damaged: its arrays do not read back"))
     cases.append(
         (
             "load into Matern52",
