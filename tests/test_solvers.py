@@ -3,6 +3,7 @@ import warnings
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from helpers import assert_close
 
@@ -250,3 +251,28 @@ def test_cg_converges_at_interpolation_noise():
         gp = eqgp.GaussianProcess(k, noise=1e-8, noise_floor=0.0, solver=solver)
         means.append(eqx.filter_jit(lambda g, o, x: g.condition(o).mean(x))(gp, obs, Xs))
     assert_close(means[1], means[0], rtol=1e-4, atol=1e-5 * float(jnp.max(jnp.abs(means[0]))))
+
+
+@pytest.mark.parametrize(
+    "solver, values",
+    [
+        (eqgp.Cholesky(), True),
+        (eqgp.ConjugateGradient(), True),
+        (eqgp.ConjugateGradient(variance_rank=10), True),
+        (eqgp.StructuredGradients(), False),
+    ],
+    ids=["Cholesky", "CG", "CG+LOVE", "StructuredGradients"],
+)
+def test_every_solver_gives_the_prior_without_observations(solver, values):
+    # (Round 2: CG failed in a reduction where Cholesky returned the prior.)
+    E = np.ones((0, 2))
+    obs = eqgp.Observations.values(E, np.ones(0)) if values else eqgp.Observations.gradients(E, E)
+    gp = eqgp.GaussianProcess(kernels.RBF(variance=2.0), noise=1e-2, solver=solver)
+    Z = np.random.default_rng(0).normal(size=(3, 2))
+    assert float(gp.log_marginal_likelihood(obs)) == 0.0
+    grad = jax.grad(lambda m: m.log_marginal_likelihood(obs))(gp)
+    assert float(grad.kernel.raw_lengthscale) == 0.0
+    post = gp.condition(obs)
+    np.testing.assert_array_equal(post.mean(Z), np.zeros(3))
+    np.testing.assert_allclose(post.variance(Z), np.full(3, 2.0), rtol=1e-12)
+    np.testing.assert_allclose(post.variance(Z, eqgp.Gradient()), np.full((3, 2), 2.0), rtol=1e-12)

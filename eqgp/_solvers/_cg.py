@@ -248,7 +248,7 @@ class ConjugateGradient(AbstractPullbackSolver[_CGState]):
         # The residual of the returned solution, recomputed (not CG's recursive one), relative
         # in the max norm.
         res = B2 - mv(X)
-        rel = jnp.max(jnp.max(jnp.abs(res), axis=0) / jnp.where(bnorm > 0, bnorm, 1.0), initial=0.0)
+        rel = jnp.max(jnp.max(jnp.abs(res), axis=0, initial=0.0) / jnp.where(bnorm > 0, bnorm, 1.0), initial=0.0)
         failed = rel > jnp.maximum(_RESIDUAL_SLACK * self.rtol, self.atol)
         jax.debug.callback(_report, rel, self.rtol, self.max_steps, self.on_failure)
         if self.on_failure == "raise":
