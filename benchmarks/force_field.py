@@ -2,15 +2,16 @@
 
 Ethanol (9 atoms) along a 500 K Langevin run with GFN2-xTB (`examples/force_field.py`'s
 generator; needs `pip install ase tblite sgdml`). Four models, each trained on forces only
-(the energy offset from the training energies) with its lengthscale chosen on 100 validation
-configurations, tested on 1 000 others:
+(the energy offset from the training energies), tested on 1 000 configurations:
 
 - GDML and sGDML (`use_sym=True`, its permutations found by its own matching): sGDML's
-  analytic solver, its default lengthscale grid 10..90 (9 models);
+  analytic solver, its lengthscale chosen by its default validation grid 10..90 (9 models) on
+  100 validation configurations;
 - eqgp plain and symmetric (`kernels.Invariant` over `eqgp.molecular_permutations`): a
-  Matérn-5/2 on inverse distances, its lengthscale grid 1.25..40 (factor 2, 6 models)
-  refined by the two models a factor sqrt(2) either side of the best (`force_field.select`),
-  dense Cholesky.
+  Matérn-5/2 on inverse distances, dense Cholesky, its lengthscale chosen by eqgp itself:
+  closed-form leave-one-out force error (`eqgp.select_lengthscales`; no validation data) on a
+  factor-2 grid 0.625..40 refined by the two lengthscales a factor sqrt(2) either side of the
+  best (9 models, `force_field.select`).
 
 Each model runs in its own process; printed per size: force MAE (kcal/mol/Å), energy MAE
 (kcal/mol), train time (the whole selection, eqgp's including compilation), time to predict
@@ -19,7 +20,11 @@ energies and forces of the 1 000 test configurations, and the process's peak res
 the sizes of eqgp's symmetric force MAE to sGDML's, and of their train + predict times and
 peak memories (<= 1: eqgp at least as good).
 
-Run: `python benchmarks/force_field.py` (sizes 100 200; `--sizes 100 200 500`).
+`selection_study` (run by `benchmarks/hyperparameters.py --part force-field`) compares eqgp's
+own selections (leave-one-out, profile likelihood) with the validation grid on the same grid.
+
+Run: `python benchmarks/force_field.py` (sizes 100 200; `--sizes 100 200 500`; `--data DIR`
+reuses the `split{n}.npz` files of an earlier run instead of simulating).
 """
 
 import argparse
@@ -45,7 +50,7 @@ def _peak_mb() -> float:
     return max(own, workers) / 1024
 
 
-def _child(name: str, n: int, path: str) -> dict:
+def _child(name: str, n: int, path: str, criterion: str = "loo") -> dict:
     sys.path.insert(0, str(EXAMPLES))
     import force_field as ff
 
@@ -56,7 +61,7 @@ def _child(name: str, n: int, path: str) -> dict:
         import jax.numpy as jnp
 
         start = time.perf_counter()
-        post, ell = ff.select(Z, train, valid, name.endswith("symmetric"))
+        post, ell = ff.select(Z, train, name.endswith("symmetric"), criterion, valid)
         train_s = time.perf_counter() - start
         start = time.perf_counter()
         parts = [  # 250 configurations at a time: the cross-covariance of 1 000 is ~1-3 GB
@@ -65,7 +70,7 @@ def _child(name: str, n: int, path: str) -> dict:
         ]
         E_pred, F_pred = (np.concatenate(p) for p in zip(*parts))
         predict_s = time.perf_counter() - start
-        setting = f"lengthscale {ell:g}"
+        setting = f"lengthscale {ell:.3g} by {criterion}"
         del jnp
     else:
         from sgdml.predict import GDMLPredict
@@ -103,7 +108,11 @@ def _child(name: str, n: int, path: str) -> dict:
     }
 
 
-def main(sizes, n_valid: int = 100, n_test: int = 1000):
+def _splits(sizes, data_dir, n_valid: int, n_test: int) -> dict:
+    """`{n: path}` of the splits: from `data_dir` (`split{n}.npz`, as written here) when given,
+    else simulated now and written to a temporary directory."""
+    if data_dir is not None:
+        return {n: os.path.join(data_dir, f"split{n}.npz") for n in sizes}
     sys.path.insert(0, str(EXAMPLES))
     import force_field as ff
 
@@ -112,28 +121,42 @@ def main(sizes, n_valid: int = 100, n_test: int = 1000):
     print(f"data: {len(R)} configurations of ethanol in {time.perf_counter() - start:.0f} s; "
           f"forces vs finite differences: {ff.check_forces(Z, R[0], F[0]):.1e} kcal/mol/Å")  # fmt: skip
     trains, valid, test = ff.splits((R, E, F), sizes, n_valid, n_test)
+    tmp = tempfile.mkdtemp()
+    paths = {}
+    for n in sizes:
+        paths[n] = os.path.join(tmp, f"split{n}.npz")
+        np.savez(paths[n], Z=Z, R=trains[n][0], E=trains[n][1], F=trains[n][2], Rv=valid[0], Ev=valid[1],
+                 Fv=valid[2], Rt=test[0], Et=test[1], Ft=test[2])  # fmt: skip
+    return paths
+
+
+def run(name: str, n: int, path: str, criterion: str = "loo") -> dict | None:
+    """One model in its own process (its peak memory its own); `None` if it failed."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", name, str(n), path, criterion], capture_output=True, text=True
+    )
+    if out.returncode != 0:  # reported, and left out of the ratios
+        last = (out.stderr.strip().splitlines() or [""])[-1][:200]
+        print(f"n={n:5d} {name:15s} failed (exit code {out.returncode}): {last}", flush=True)
+        return None
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    print(
+        f"n={n:5d} {name:15s} force MAE {r['force_mae']:6.3f}  energy MAE {r['energy_mae']:6.3f}  "
+        f"train {r['train_s']:7.1f} s  predict {r['predict_s']:6.2f} s  peak {r['peak_mb']:6.0f} MB  "
+        f"({r['setting']})",
+        flush=True,
+    )
+    return r
+
+
+def main(sizes, data_dir=None, n_valid: int = 100, n_test: int = 1000):
+    paths = _splits(sizes, data_dir, n_valid, n_test)
     results = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for n in sizes:
-            path = os.path.join(tmp, f"split{n}.npz")
-            np.savez(path, Z=Z, R=trains[n][0], E=trains[n][1], F=trains[n][2], Rv=valid[0], Ev=valid[1],
-                     Fv=valid[2], Rt=test[0], Et=test[1], Ft=test[2])  # fmt: skip
-            for name in MODELS:
-                out = subprocess.run(
-                    [sys.executable, __file__, "--child", name, str(n), path], capture_output=True, text=True
-                )
-                if out.returncode != 0:  # reported, and left out of the ratios
-                    last = (out.stderr.strip().splitlines() or [""])[-1][:200]
-                    print(f"n={n:5d} {name:15s} failed (exit code {out.returncode}): {last}", flush=True)
-                    continue
-                r = json.loads(out.stdout.strip().splitlines()[-1])
+    for n in sizes:
+        for name in MODELS:
+            r = run(name, n, paths[n])
+            if r is not None:
                 results[name, n] = r
-                print(
-                    f"n={n:5d} {name:15s} force MAE {r['force_mae']:6.3f}  energy MAE {r['energy_mae']:6.3f}  "
-                    f"train {r['train_s']:7.1f} s  predict {r['predict_s']:6.2f} s  peak {r['peak_mb']:6.0f} MB  "
-                    f"({r['setting']})",
-                    flush=True,
-                )
     pairs = [n for n in sizes if ("eqgp symmetric", n) in results and ("sGDML", n) in results]
     plains = [n for n in sizes if ("eqgp plain", n) in results and ("GDML", n) in results]
     ratio = lambda key: max(results["eqgp symmetric", n][key] / results["sGDML", n][key] for n in pairs)  # noqa: E731
@@ -146,12 +169,32 @@ def main(sizes, n_valid: int = 100, n_test: int = 1000):
     print(f"RESULT force_field_symmetric_force_mae_ratio {ratio('force_mae'):.3f}")
 
 
+def selection_study(sizes, data_dir=None, models=("eqgp symmetric",), n_valid: int = 100, n_test: int = 1000):
+    """eqgp's own selections (closed-form leave-one-out, profile likelihood) against the
+    validation grid on the same grid: the test force MAE of each, and its ratio to the
+    validation-selected model's. Returns `{criterion: worst ratio over sizes and models}`."""
+    paths = _splits(sizes, data_dir, n_valid, n_test)
+    worst = {}
+    for n in sizes:
+        for name in models:
+            by = {c: run(name, n, paths[n], c) for c in ("validation", "loo", "profile")}
+            if by["validation"] is None:
+                continue
+            for c in ("loo", "profile"):
+                if by[c] is not None:
+                    r = by[c]["force_mae"] / by["validation"]["force_mae"]
+                    print(f"n={n:5d} {name:15s} {c} / validation test force MAE: {r:.3f}", flush=True)
+                    worst[c] = max(worst.get(c, 0.0), r)
+    return worst
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 200])
-    parser.add_argument("--child", nargs=3, metavar=("MODEL", "N", "DATA"), help=argparse.SUPPRESS)
+    parser.add_argument("--data", help="a directory of split{n}.npz files written by an earlier run")
+    parser.add_argument("--child", nargs=4, metavar=("MODEL", "N", "DATA", "CRITERION"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(_child(args.child[0], int(args.child[1]), args.child[2])))
+        print(json.dumps(_child(args.child[0], int(args.child[1]), args.child[2], args.child[3])))
     else:
-        main(args.sizes)
+        main(args.sizes, args.data)

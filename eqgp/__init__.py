@@ -34,6 +34,7 @@ from ._minimize import FitReport as FitReport, minimize as minimize
 from ._observations import ObservationGroup as ObservationGroup, Observations as Observations
 from ._prior import ConstantMean as ConstantMean, ZeroMean as ZeroMean
 from ._saving import load as load, save as save
+from ._selection import Selection as Selection, select_lengthscales as select_lengthscales
 from ._solvers import (
     AbstractPullbackSolver as AbstractPullbackSolver,
     AbstractSolver as AbstractSolver,

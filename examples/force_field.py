@@ -4,11 +4,11 @@ The data come from GFN2-xTB (tblite) driven by ASE's Langevin thermostat at 500 
 every few steps like the MD17 datasets. The GP is a Matérn-5/2 on inverse interatomic
 distances (`kernels.Warped`), plain and averaged over the molecule's permutational symmetry
 (`kernels.Invariant` with `eqgp.molecular_permutations`), trained on forces only with a
-constant mean for the energy offset (sGDML's default) and its hyper-parameters chosen by
-`eqgp.fit_hyperparameters`. The script checks the calculator's forces against finite
-differences of its energy, then plots the force error against the number of training
-configurations (a learning curve) for both kernels, and sGDML's GDML and sGDML models on
-the same splits when `sgdml` is installed. Writes force_field.png.
+constant mean for the energy offset (sGDML's default) and its lengthscale chosen by
+closed-form leave-one-out cross-validation (`eqgp.select_lengthscales`: no held-out data).
+The script checks the calculator's forces against finite differences of its energy, then
+plots the force error against the number of training configurations (a learning curve) for
+both kernels, and sGDML's GDML and sGDML models on the same splits when `sgdml` is installed. Writes force_field.png.
 
 Needs the `chem` extra: `pip install ase tblite` (and `sgdml` for its curve).
 Units: Å for coordinates, kcal/mol for energies, kcal/mol/Å for forces (MD17's).
@@ -131,23 +131,22 @@ def errors(post, R, E, F):
     return float(jnp.mean(jnp.abs(F_pred - flat(F)))), float(jnp.mean(jnp.abs(post.mean(flat(R)) - E)))
 
 
-def select(Z, train, valid, symmetric: bool, grid=(1.25, 2.5, 5.0, 10.0, 20.0, 40.0)):
-    """sGDML's selection, refined: one model per lengthscale on `grid`, then at the two
-    lengthscales a factor sqrt(2) either side of the best; keep the one with the lowest
-    force error on the validation configurations. `train`, `valid`: `(R, E, F)`.
+def select(Z, train, symmetric: bool, criterion: str = "loo", valid=None):
+    """eqgp's selection of the lengthscale (`eqgp.select_lengthscales`): a factor-2 grid from
+    0.625 to 40, refined by the two lengthscales a factor sqrt(2) either side of the best,
+    scored by the closed-form leave-one-out force error (`criterion="loo"`: no held-out
+    data needed), by the force error on `valid` (`"validation"`: sGDML's selection) or by
+    the profile likelihood (`"profile"`). `train`, `valid`: `(R, E, F)`.
     Returns `(posterior, lengthscale)`, the posterior's energy offset fixed (`condition`)."""
     forces = eqgp.Observations((eqgp.Gradient(), flat(train[0]), -flat(train[2])))
-
-    def validation_error(ell):
-        post = model(Z, train[0][0], symmetric, ell).condition(forces)
-        return float(jnp.mean(jnp.abs(-post.mean(flat(valid[0]), eqgp.Gradient()) - flat(valid[2]))))
-
-    tried = {ell: validation_error(ell) for ell in grid}
-    best = min(tried, key=tried.get)
-    for ell in (best / 2**0.5, best * 2**0.5):
-        tried[ell] = validation_error(ell)
-    best = min(tried, key=tried.get)
-    return condition(model(Z, train[0][0], symmetric, best), *train), best
+    held = None
+    if criterion == "validation":
+        held = eqgp.Observations((eqgp.Gradient(), flat(valid[0]), -flat(valid[2])))
+    start = model(Z, train[0][0], symmetric, lengthscale=5.0)
+    gp, selection = eqgp.select_lengthscales(
+        start, forces, criterion=criterion, validation=held, factors=2.0 ** np.arange(-3, 4), refine=1
+    )
+    return condition(gp, *train), 5.0 * selection.factor
 
 
 @functools.cache
@@ -200,7 +199,7 @@ def main(sizes=(10, 20, 40), n_valid: int = 50, n_test: int = 200, reference: bo
         name = f"eqgp {'symmetric' if symmetric else 'plain'}"
         for n in sizes:
             start = time.perf_counter()
-            post, ell = select(Z, trains[n], valid, symmetric)
+            post, ell = select(Z, trains[n], symmetric)
             f_err, e_err = errors(post, *test)
             curves.setdefault(name, []).append(f_err)
             print(f"{name:16s} n={n:4d}: force MAE {f_err:.3f} kcal/mol/Å, energy MAE {e_err:.3f} kcal/mol, "

@@ -44,6 +44,9 @@ def test_bayesian_optimisation_study_small_setting():
 
 
 @pytest.mark.slow
+# At 5-10 configurations the leave-one-out error is nearly flat in the lengthscale and its
+# minimum can sit at the grid's small edge: the selector says so (a warning, allowed here).
+@pytest.mark.filterwarnings("ignore:eqgp.select_lengthscales.*edge of the grid:UserWarning")
 def test_force_field_example_small_setting():
     pytest.importorskip("tblite", reason="the [chem] extra (CI installs it)")
     ff = _load("force_field")

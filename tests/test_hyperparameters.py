@@ -218,3 +218,52 @@ def test_hyperparameter_entry_points_name_bad_arguments():
         eqgp.initialise(kernels.RBF(), obs)
     with pytest.raises(TypeError, match="profile"):
         _gp().log_marginal_likelihood(obs, profile="yes")  # noqa
+
+
+def test_select_lengthscales_scores_are_the_criteria_and_the_best_is_kept():
+    obs = _obs(10)
+    gp = eqgp.GaussianProcess(kernels.Matern52([0.3, 0.4]), noise=1e-4)
+    Xh = jax.random.uniform(jax.random.key(3), (6, 2), jnp.float64, -2, 2)
+    held = eqgp.Observations.values_and_gradients(Xh, jax.vmap(_f)(Xh), jax.vmap(jax.grad(_f))(Xh))
+    for criterion, validation in [("loo", None), ("validation", held), ("profile", None)]:
+        model, sel = eqgp.select_lengthscales(
+            gp, obs, criterion=criterion, validation=validation, factors=[1, 4, 16, 64], refine=1
+        )
+        assert len(sel.factors) == 6 and sel.factor == sel.factors[np.argmin(sel.scores)]
+        assert_close(model.kernel.lengthscale, sel.factor * gp.kernel.lengthscale, rtol=1e-12)
+        for f, s in zip(sel.factors, sel.scores):  # each score is its criterion, recomputed directly
+            m = eqx.tree_at(lambda m: m.kernel, gp, kernels.Matern52(f * np.array([0.3, 0.4])))
+            if criterion == "loo":
+                want = np.mean(np.abs(m.leave_one_out(obs).blocks[0][0]))
+            elif criterion == "validation":
+                g = held.groups[0]
+                want = np.mean(np.abs(m.condition(obs).mean(g.X, g.operator) - g.targets))
+            else:
+                want = -m.log_marginal_likelihood(obs, profile=True)
+            assert_close(s, want, rtol=1e-8)
+    # Data drawn from the model: leave-one-out picks the lengthscale that drew them (within 1.5x).
+    X = jax.random.uniform(jax.random.key(1), (30, 2), jnp.float64, 0, 4)
+    K = eqgp.operator_gram(
+        kernels.RBF(0.8), [(eqgp.ValueAndGradient(), X)], [(eqgp.ValueAndGradient(), X)], "interleaved"
+    )
+    draw = np.linalg.cholesky(K + 1e-8 * np.eye(90)) @ np.random.default_rng(0).normal(size=90)
+    sample = eqgp.Observations((eqgp.ValueAndGradient(), X, draw.reshape(30, 3)))
+    _, sel = eqgp.select_lengthscales(eqgp.GaussianProcess(kernels.RBF(1.0), noise=1e-6), sample)
+    assert 1 / 1.5 < sel.factor / 0.8 < 1.5, sel
+
+
+def test_select_lengthscales_warns_at_the_edge_and_names_bad_arguments():
+    obs = _obs(8)
+    gp = eqgp.GaussianProcess(kernels.RBF(1.0), noise=1e-3)
+    with pytest.warns(UserWarning, match="at the edge of the grid"):
+        eqgp.select_lengthscales(gp, obs, factors=[1e-3, 2e-3], refine=0)
+    with pytest.raises(ValueError, match="`validation`"):
+        eqgp.select_lengthscales(gp, obs, criterion="validation")
+    with pytest.raises(ValueError, match="`validation`"):
+        eqgp.select_lengthscales(gp, obs, validation=obs)
+    with pytest.raises(ValueError, match="`criterion` must be one of"):
+        eqgp.select_lengthscales(gp, obs, criterion="nll")
+    with pytest.raises(ValueError, match="`factors` must be"):
+        eqgp.select_lengthscales(gp, obs, factors=[0.0, 1.0])
+    with pytest.raises(ValueError, match="no stationary lengthscale"):
+        eqgp.select_lengthscales(eqgp.GaussianProcess(kernels.Linear(), noise=1e-3), obs)
