@@ -12,7 +12,7 @@ from ._covariance import TILE_BYTES
 from ._gram import _operator_diag, _operator_gram
 from ._jit import jit
 from ._kernels import AbstractKernel
-from ._linalg import cholesky, cholesky_inverse, not_pd
+from ._linalg import cholesky, cholesky_inverse_t, not_pd
 from ._observations import Observations
 from ._operators import AbstractOperator, Value
 from ._parameters import inverse_softplus as positive_raw, positive
@@ -197,12 +197,14 @@ class GaussianProcess(eqx.Module):
         if r.shape[0] == 0:
             empty = lambda i, *extra: jnp.zeros(i.shape + extra, r.dtype)  # noqa: E731
             return [(empty(i), empty(i, i.shape[-1]), empty(i), empty(i, i.shape[-1])) for i in index]
-        L = self.solver.dense_factor(cov, _LOO_NOT_PD)  # with its jitter/retries where it has them
-        Kinv = cholesky_inverse(L)
-        alpha = jax.scipy.linalg.cho_solve((L, True), r)
+        # With the solver's jitter/retries where it has them. K^{-1} overwrites the factor
+        # once the solve for alpha has read it (one R x R matrix at a time).
+        Lt, check = self.solver.dense_factor_t(cov, _LOO_NOT_PD)
+        alpha = jax.scipy.linalg.cho_solve((Lt.T, True), r) + check
+        Kinv = cholesky_inverse_t(Lt, alpha)
         out = []
         for idx in index:
-            C = jnp.linalg.cholesky(Kinv[idx[:, :, None], idx[:, None, :]])  # (N, P, P)
+            C = jnp.linalg.cholesky(Kinv[idx[:, :, None], idx[:, None, :]] + check)  # (N, P, P)
             eye = jnp.eye(idx.shape[1], dtype=r.dtype)
             covariance = jax.vmap(lambda c, eye=eye: jax.scipy.linalg.cho_solve((c, True), eye))(C)
             a = alpha[idx]

@@ -61,11 +61,13 @@ class AbstractSolver(eqx.Module, Generic[_State]):
         or one that survives the line search's trial points (`Cholesky`: jitter retries)."""
         return self
 
-    def dense_factor(self, cov: Covariance, message: str) -> Float[Array, "R R"]:
-        """The lower Cholesky factor of `cov.as_matrix()`, regularised as this solver
-        regularises its own work (by default not at all; `message` on failure). For the
-        closed-form leave-one-out, which needs `K^{-1}` densely whatever the solver."""
-        return cholesky(cov.as_matrix(), 0.0, message=message)
+    def dense_factor_t(self, cov: Covariance, message: str) -> tuple[Float[Array, "R R"], Float[Array, ""]]:
+        """`(L^T, check)`: the Cholesky factor of `cov.as_matrix()` transposed (LAPACK's
+        column-major `L`, no layout copy on CPU), regularised as this solver regularises its
+        own work (by default not at all; `message` on failure), and a scalar 0 (NaN after a
+        failure) that results computed from it must add. For the closed-form leave-one-out,
+        which needs `K^{-1}` densely whatever the solver."""
+        return cholesky(cov.as_matrix, 0.0, message=message, transposed=True, deferred=True)
 
     @abc.abstractmethod
     def inv_quad(self, state: _State, B: Float[Array, "R k"], diagonal: bool) -> Array:

@@ -102,11 +102,11 @@ class Cholesky(AbstractPullbackSolver[_CholeskyState]):
         # with jitter (warned) rather than end the run at a line search's trial point.
         return self if self.max_tries else Cholesky(self.jitter, _TRAINING_TRIES)
 
-    def dense_factor(self, cov: Covariance, message: str):
+    def dense_factor_t(self, cov: Covariance, message: str):
         if not (self.jitter or self.max_tries):
-            return super().dense_factor(cov, message)
+            return super().dense_factor_t(cov, message)
         state = self.init(cov)
-        return state.factor + state.check  # the failure check travels with the factor
+        return state.factor_t, state.check
 
     def solve(self, state, B):
         return jsl.cho_solve((state.factor, True), B) + state.check
