@@ -185,6 +185,26 @@ def test_fit_hyperparameters_recipe_improves_its_own_objective():
         eqgp.fit_hyperparameters(_gp(), obs, objective="mle")
 
 
+def test_fit_hyperparameters_screens_the_starts_and_trains_the_best():
+    obs = _obs(8)
+    loss = lambda m: -m.log_marginal_likelihood(obs, profile=True)  # noqa: E731
+    gp = _gp(solver=eqgp.Cholesky(max_tries=4))  # as fit_hyperparameters trains it
+    stacked = eqgp.initialise(gp, obs, starts=4, key=3)
+    initial = [float(loss(jax.tree.map(lambda x, i=i: x[i] if eqx.is_array(x) else x, stacked))) for i in range(4)]
+    best = int(np.argmin(initial))
+    from eqgp._hyperparameters import _neg_profile, _screen
+
+    kept = _screen(stacked, 4, 1, _neg_profile, obs, {})
+    assert_close(kept.kernel.lengthscale, stacked.kernel.lengthscale[best], rtol=0)
+    two = _screen(stacked, 4, 2, _neg_profile, obs, {})
+    assert_close(two.kernel.lengthscale, stacked.kernel.lengthscale[np.argsort(initial)[:2]], rtol=0)
+    # Trained from the screened best, it ends no worse than that start.
+    model, report = eqgp.fit_hyperparameters(_gp(), obs, starts=4, runs=1, key=3, max_steps=30)
+    assert report.losses.shape == (1,) and report.loss <= min(initial) + 1e-9
+    with pytest.raises(ValueError, match="`runs`"):
+        eqgp.fit_hyperparameters(_gp(), obs, runs=0)
+
+
 @pytest.mark.slow  # CI's slow stage (keeps the main suite under ~5 min on 2 cores)
 def test_fit_hyperparameters_interpolates_deterministic_data_without_failing():
     # Rosenbrock (a quartic): the likelihood drives the noise to where a plain Cholesky of the
