@@ -1,5 +1,5 @@
 // CPU XLA FFI handlers: the Cholesky factor of K in place by LAPACK's ?potrf, and K^{-1}
-// from a Cholesky factor by LAPACK's ?potri.
+// from a Cholesky factor by LAPACK's ?potri (or the factor's own inverse by ?trtri).
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -27,6 +27,11 @@ std::atomic<DPotri*> g_dpotri{nullptr};
 // ?potrf has the same signature.
 std::atomic<SPotri*> g_spotrf{nullptr};
 std::atomic<DPotri*> g_dpotrf{nullptr};
+// ?trtri (the first half of ?potri): the inverse of the triangular factor only.
+using STrtri = void(char* uplo, char* diag, int* n, float* a, int* lda, int* info);
+using DTrtri = void(char* uplo, char* diag, int* n, double* a, int* lda, int* info);
+std::atomic<STrtri*> g_strtri{nullptr};
+std::atomic<DTrtri*> g_dtrtri{nullptr};
 
 // BLAS level 3 (scipy.linalg.cython_blas) for the tiled factorisation below.
 template <typename T>
@@ -135,10 +140,12 @@ ffi::Error CholeskyT(Potrf* potrf, const Blas<T>& blas, const ffi::AnyBuffer& K,
   return ffi::Error::Success();
 }
 
-template <typename T, typename Potri>
-ffi::Error CholeskyInverse(Potri* potri, const ffi::AnyBuffer& L, ffi::AnyBuffer& out, bool transposed) {
+template <typename T, typename Potri, typename Trtri>
+ffi::Error CholeskyInverse(Potri* potri, Trtri* trtri, const ffi::AnyBuffer& L, ffi::AnyBuffer& out, bool transposed,
+                           bool factor) {
   const std::string name = "eqgp_cholesky_inverse[cpu]";
-  if (ffi::Error err = CheckSquare(name, L, out, reinterpret_cast<const void*>(potri), "?potri"); err.failure()) {
+  const void* routine = factor ? reinterpret_cast<const void*>(trtri) : reinterpret_cast<const void*>(potri);
+  if (ffi::Error err = CheckSquare(name, L, out, routine, factor ? "?trtri" : "?potri"); err.failure()) {
     return err;
   }
   const int64_t n = L.dimensions().back();
@@ -153,6 +160,24 @@ ffi::Error CholeskyInverse(Potri* potri, const ffi::AnyBuffer& L, ffi::AnyBuffer
     // row-major L^T (upper) is column-major lower L, with K = L L^T.
     char uplo = transposed ? 'L' : 'U';
     int nn = static_cast<int>(n), lda = nn, info = 0;
+    if (factor) {
+      // The factor's own inverse, in its triangle (row-major: L^{-1} lower, or L^{-T} upper
+      // where `transposed`); the other triangle is zeroed.
+      char diag = 'N';
+      trtri(&uplo, &diag, &nn, A, &lda, &info);
+      if (info != 0) {
+        return ffi::Error::InvalidArgument(name + ": ?trtri failed (info = " + std::to_string(info) +
+                                           "): the factor is singular");
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        if (transposed) {
+          std::fill(A + i * n, A + i * n + i, T(0));
+        } else {
+          std::fill(A + i * n + i + 1, A + (i + 1) * n, T(0));
+        }
+      }
+      continue;
+    }
     potri(&uplo, &nn, A, &lda, &info);
     if (info != 0) {
       return ffi::Error::InvalidArgument(name + ": ?potri failed (info = " +
@@ -176,12 +201,12 @@ ffi::Error CholeskyInverse(Potri* potri, const ffi::AnyBuffer& L, ffi::AnyBuffer
 }
 
 ffi::Error CholeskyInverseCpu(ffi::AnyBuffer L, ffi::AnyBuffer /*after*/, ffi::Result<ffi::AnyBuffer> out,
-                              bool transposed) {
+                              bool transposed, bool factor) {
   switch (L.element_type()) {
     case ffi::DataType::F32:
-      return CholeskyInverse<float>(g_spotri.load(), L, *out, transposed);
+      return CholeskyInverse<float>(g_spotri.load(), g_strtri.load(), L, *out, transposed, factor);
     case ffi::DataType::F64:
-      return CholeskyInverse<double>(g_dpotri.load(), L, *out, transposed);
+      return CholeskyInverse<double>(g_dpotri.load(), g_dtrtri.load(), L, *out, transposed, factor);
     default:
       return ffi::Error::InvalidArgument("eqgp_cholesky_inverse[cpu]: unsupported dtype " +
                                          eqgp::DTypeName(L.element_type()) + " (expected float32 or float64)");
@@ -207,6 +232,11 @@ void EqgpSetLapackPotri(void* spotri, void* dpotri) {
   g_dpotri.store(reinterpret_cast<DPotri*>(dpotri));
 }
 
+void EqgpSetLapackTrtri(void* strtri, void* dtrtri) {
+  g_strtri.store(reinterpret_cast<STrtri*>(strtri));
+  g_dtrtri.store(reinterpret_cast<DTrtri*>(dtrtri));
+}
+
 void EqgpSetLapackPotrf(void* spotrf, void* dpotrf) {
   g_spotrf.store(reinterpret_cast<SPotri*>(spotrf));
   g_dpotrf.store(reinterpret_cast<DPotri*>(dpotrf));
@@ -227,7 +257,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EqgpCholeskyInverseCpu, CholeskyInverseCpu,
                                   .Arg<ffi::AnyBuffer>()   // not read: values computed from L that
                                                            // must be read before L is overwritten
                                   .Ret<ffi::AnyBuffer>()   // (L L^T)^{-1} (may alias the factor)
-                                  .Attr<bool>("transposed"));  // the factor is L^T (upper)
+                                  .Attr<bool>("transposed")  // the factor is L^T (upper)
+                                  .Attr<bool>("factor"));    // only the factor's inverse (?trtri)
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EqgpCholeskyTCpu, CholeskyTCpu,
                               ffi::Ffi::Bind()

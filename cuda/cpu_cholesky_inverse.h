@@ -4,4 +4,5 @@
 
 void EqgpSetLapackPotri(void* spotri, void* dpotri);
 void EqgpSetLapackPotrf(void* spotrf, void* dpotrf);
+void EqgpSetLapackTrtri(void* strtri, void* dtrtri);
 void EqgpSetBlas(void* strsm, void* dtrsm, void* ssyrk, void* dsyrk, void* sgemm, void* dgemm);

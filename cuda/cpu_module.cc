@@ -40,13 +40,18 @@ PYBIND11_MODULE(_native_cpu, m) {
     return d;
   });
   // spotri, dpotri, spotrf and dpotrf as the PyCapsules of scipy.linalg.cython_lapack.__pyx_capi__.
-  m.def("set_lapack", [](py::capsule spotri, py::capsule dpotri, py::capsule spotrf, py::capsule dpotrf) {
+  // (and strtri, dtrtri)
+  m.def("set_lapack", [](py::capsule spotri, py::capsule dpotri, py::capsule spotrf, py::capsule dpotrf,
+                         py::capsule strtri, py::capsule dtrtri) {
     void* si = CapsulePointer(spotri);
     void* di = CapsulePointer(dpotri);
     void* sf = CapsulePointer(spotrf);
     void* df = CapsulePointer(dpotrf);
+    void* st = CapsulePointer(strtri);
+    void* dt = CapsulePointer(dtrtri);
     EqgpSetLapackPotri(si, di);
     EqgpSetLapackPotrf(sf, df);
+    EqgpSetLapackTrtri(st, dt);
   });
   // strsm, dtrsm, ssyrk, dsyrk, sgemm, dgemm from scipy.linalg.cython_blas.__pyx_capi__.
   m.def("set_blas", [](py::capsule strsm, py::capsule dtrsm, py::capsule ssyrk, py::capsule dsyrk, py::capsule sgemm,

@@ -12,7 +12,7 @@ from ._covariance import TILE_BYTES
 from ._gram import _operator_diag, _operator_gram
 from ._jit import jit
 from ._kernels import AbstractKernel
-from ._linalg import cholesky, cholesky_inverse_t, not_pd
+from ._linalg import cholesky, factor_inverse_t, not_pd
 from ._observations import Observations
 from ._operators import AbstractOperator, Value
 from ._parameters import inverse_softplus as positive_raw, positive
@@ -197,14 +197,16 @@ class GaussianProcess(eqx.Module):
         if r.shape[0] == 0:
             empty = lambda i, *extra: jnp.zeros(i.shape + extra, r.dtype)  # noqa: E731
             return [(empty(i), empty(i, i.shape[-1]), empty(i), empty(i, i.shape[-1])) for i in index]
-        # With the solver's jitter/retries where it has them. K^{-1} overwrites the factor
-        # once the solve for alpha has read it (one R x R matrix at a time).
+        # With the solver's jitter/retries where it has them. M = L^{-T} overwrites the
+        # factor once the solve for alpha has read it (one R x R matrix at a time), and
+        # K^{-1}'s diagonal blocks are M's row blocks times their transposes (?trtri: half
+        # the flops of forming K^{-1} by ?potri).
         Lt, check = self.solver.dense_factor_t(cov, _LOO_NOT_PD)
         alpha = jax.scipy.linalg.cho_solve((Lt.T, True), r) + check
-        Kinv = cholesky_inverse_t(Lt, alpha)
+        M = factor_inverse_t(Lt, alpha)
         out = []
         for idx in index:
-            C = jnp.linalg.cholesky(Kinv[idx[:, :, None], idx[:, None, :]] + check)  # (N, P, P)
+            C = jnp.linalg.cholesky(_inverse_blocks(M, idx) + check)  # (N, P, P)
             eye = jnp.eye(idx.shape[1], dtype=r.dtype)
             covariance = jax.vmap(lambda c, eye=eye: jax.scipy.linalg.cho_solve((c, True), eye))(C)
             a = alpha[idx]
@@ -238,6 +240,23 @@ class GaussianProcess(eqx.Module):
         state = self.solver.init(cov, key)
         alpha = self.solver.solve(state, r)
         return Posterior(self, obs, self.solver.for_prediction(state), alpha)
+
+
+def _inverse_blocks(M, idx):
+    """`[K^{-1}]_BB = M_B M_B^T` `(N, P, P)` for the row blocks `idx` `(N, P)` of `M = L^{-T}`,
+    a chunk of blocks at a time (their rows of `M` are never all gathered at once)."""
+    N, P = idx.shape
+    R = M.shape[0]
+    c = int(max(1, min(N, 2**25 // max(1, P * R * M.dtype.itemsize))))
+    n = -(-N // c)
+    chunks = np.concatenate([idx, np.broadcast_to(idx[:1], (n * c - N, P))]).reshape(n, c, P)
+
+    def one(rows):
+        Mb = M[rows]  # (c, P, R)
+        return jnp.einsum("cpr,cqr->cpq", Mb, Mb)
+
+    out = one(chunks[0])[None] if n == 1 else jax.lax.map(one, jnp.asarray(chunks))
+    return out.reshape(n * c, P, P)[:N]
 
 
 _LOO_NOT_PD = not_pd("the observation covariance", "Raise the noise or use `noise_floor`.")

@@ -48,7 +48,7 @@ def _register_lapack() -> bool:
         from scipy.linalg import cython_blas, cython_lapack
 
         capi = cython_lapack.__pyx_capi__
-        _cpu.set_lapack(capi["spotri"], capi["dpotri"], capi["spotrf"], capi["dpotrf"])
+        _cpu.set_lapack(*(capi[name] for name in ("spotri", "dpotri", "spotrf", "dpotrf", "strtri", "dtrtri")))
         blas = cython_blas.__pyx_capi__
         _cpu.set_blas(*(blas[name] for name in ("strsm", "dtrsm", "ssyrk", "dsyrk", "sgemm", "dgemm")))
     except Exception:  # noqa: BLE001 -- any failure here means: use the generic path

@@ -8,7 +8,7 @@ from jax.test_util import check_grads
 
 import eqgp
 from eqgp import kernels
-from eqgp._linalg import HAVE_NATIVE_INVERSE, cholesky_inverse, cholesky_inverse_t, factor_t
+from eqgp._linalg import HAVE_NATIVE_INVERSE, cholesky_inverse, cholesky_inverse_t, factor_inverse_t, factor_t
 
 
 def _spd(key, shape, dtype):
@@ -38,6 +38,29 @@ def test_cholesky_inverse_matches_inv(dtype, shape):
         scale = float(jnp.max(jnp.abs(ref)))
         assert_close(out / scale, ref / scale, **tol(dtype))
         assert_close(out, jnp.swapaxes(out, -1, -2), rtol=0, atol=0)  # exactly symmetric
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("shape", [(0, 0), (1, 1), (37, 37), (3, 20, 20)])
+def test_factor_inverse_t_is_the_inverse_of_the_transposed_factor(dtype, shape):
+    """LAPACK ?trtri in place (M = L^{-T}, K^{-1} = M M^T) against solve_triangular, batched,
+    both precisions, the other triangle zero; vmap and derivatives through the factorisation."""
+    K = _spd(jax.random.key(8), shape, jnp.float64).astype(dtype)
+    hlo = jax.jit(lambda K: factor_inverse_t(factor_t(K))).trace(K).lower(lowering_platforms=("cpu",)).as_text()
+    assert shape[-1] == 0 or "eqgp_cholesky_inverse" in hlo
+    M = jax.jit(lambda K: factor_inverse_t(factor_t(K)))(K)
+    assert M.shape == shape and M.dtype == dtype
+    if shape[-1]:
+        Lt = jnp.swapaxes(jnp.linalg.cholesky(K.astype(jnp.float64)), -1, -2)
+        ref = jax.scipy.linalg.solve_triangular(Lt, jnp.broadcast_to(jnp.eye(shape[-1]), shape), lower=False)
+        assert_close(M, ref.astype(dtype), **tol(dtype))
+        assert_close(jnp.tril(M, -1), jnp.zeros_like(M), rtol=0, atol=0)
+        Kinv = jnp.linalg.inv(K.astype(jnp.float64))
+        scale = float(jnp.max(jnp.abs(Kinv)))
+        assert_close((M @ jnp.swapaxes(M, -1, -2)) / scale, Kinv.astype(dtype) / scale, **tol(dtype))
+    if shape == (37, 37) and dtype == jnp.float64:
+        f = lambda B: factor_inverse_t(factor_t(0.5 * (B + B.T)))  # noqa: E731
+        check_grads(f, (K[:8, :8],), order=2, modes=("fwd", "rev"))
 
 
 def test_cholesky_inverse_ignores_the_upper_triangle():
