@@ -227,7 +227,7 @@ def fit_hyperparameters(
     *,
     objective: str = "profile",
     starts: int = 8,
-    runs: int = 2,
+    runs: int = 1,
     key=None,
     max_steps: int = 500,
     **minimize_options,
