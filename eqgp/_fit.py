@@ -45,7 +45,10 @@ def fit(
     - the first non-finite loss, or a step that raises (e.g. a failed Cholesky
       factorisation), stops training with an `eqgp.FitError` naming the step, carrying
       `.model` (the last model whose loss was finite) and `.losses` (the losses so far);
-    - Ctrl-C (`KeyboardInterrupt`) returns `(model, losses)` so far, with a warning.
+    - Ctrl-C (`KeyboardInterrupt`) returns `(model, losses)` so far, with a warning;
+    - a run whose loss ends above where it started (a negative or too large learning rate)
+      or that changed no trained array (a loss that ignores the model it is given) returns
+      with a warning.
 
     Calling `fit` again with the same `loss` and `optimizer` objects and the same shapes
     (a warm-started refit) reuses the compiled step; pass data through `*args` rather than
