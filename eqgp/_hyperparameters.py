@@ -20,7 +20,7 @@ from ._kernels import (
     Sum,
     Warped,
 )
-from ._minimize import _init, _solver as _lbfgs, minimize
+from ._minimize import _LINESEARCH_STEPS, _MEMORY_SIZE, _init, _solver as _lbfgs, minimize
 from ._observations import Observations
 from ._operators import Value, ValueAndGradient
 from ._parameters import inverse_softplus
@@ -201,21 +201,32 @@ def initialise(gp, obs: Observations, *, starts: int = 1, key=None, spread: floa
     return _stack(models)
 
 
-def _jitter_lengthscales(model, key, log_spread: float):
-    def walk(kernel, key):
-        if isinstance(kernel, (Warped, ActiveDims, Invariant)):
-            return eqx.tree_at(lambda k: k.kernel, kernel, walk(kernel.kernel, key))
-        if isinstance(kernel, (Sum, Product)):
-            k1, k2 = jax.random.split(key)
-            both = (walk(kernel.kernel1, k1), walk(kernel.kernel2, k2))
-            return eqx.tree_at(lambda k: (k.kernel1, k.kernel2), kernel, both)
-        if isinstance(kernel, AbstractStationaryKernel):
-            ls = jax.nn.softplus(kernel.raw_lengthscale)
-            factor = jnp.exp(jax.random.uniform(key, ls.shape, ls.dtype, -log_spread, log_spread))
-            return eqx.tree_at(lambda k: k.raw_lengthscale, kernel, inverse_softplus(ls * factor))
-        return kernel
+def map_stationary(kernel: AbstractKernel, fn, key=None) -> AbstractKernel:
+    """`kernel` with every stationary kernel `k` in it (through `Warped`, `ActiveDims`,
+    `Invariant`, sums and products) replaced by `fn(k, key)`; `key` (or None) is split at
+    each sum or product, one half per side."""
+    if isinstance(kernel, (Warped, ActiveDims, Invariant)):
+        return eqx.tree_at(lambda k: k.kernel, kernel, map_stationary(kernel.kernel, fn, key))
+    if isinstance(kernel, (Sum, Product)):
+        k1, k2 = (None, None) if key is None else jax.random.split(key)
+        both = (map_stationary(kernel.kernel1, fn, k1), map_stationary(kernel.kernel2, fn, k2))
+        return eqx.tree_at(lambda k: (k.kernel1, k.kernel2), kernel, both)
+    if isinstance(kernel, AbstractStationaryKernel):
+        return fn(kernel, key)
+    return kernel
 
-    return eqx.tree_at(lambda m: m.kernel, model, walk(model.kernel, key))
+
+def _scale_lengthscale(kernel: AbstractStationaryKernel, factor) -> AbstractStationaryKernel:
+    ls = jax.nn.softplus(kernel.raw_lengthscale)
+    return eqx.tree_at(lambda k: k.raw_lengthscale, kernel, inverse_softplus(ls * factor))
+
+
+def _jitter_lengthscales(model, key, log_spread: float):
+    def jitter(kernel, key):
+        shape, dtype = kernel.raw_lengthscale.shape, kernel.raw_lengthscale.dtype
+        return _scale_lengthscale(kernel, jnp.exp(jax.random.uniform(key, shape, dtype, -log_spread, log_spread)))
+
+    return eqx.tree_at(lambda m: m.kernel, model, map_stationary(model.kernel, jitter, key))
 
 
 _OBJECTIVES = ("likelihood", "profile", "loo")
@@ -294,7 +305,7 @@ def _screen(stacked, starts: int, runs: int, loss, obs, options: dict):
     compiled first step (value and gradient), so screening compiles nothing more; a start
     whose loss fails or is not finite ranks last."""
     params, static = eqx.partition(stacked, eqx.is_inexact_array)
-    opt = _lbfgs(options.get("memory_size", 10), options.get("linesearch_steps", 30))
+    opt = _lbfgs(options.get("memory_size", _MEMORY_SIZE), options.get("linesearch_steps", _LINESEARCH_STEPS))
     values = []
     for i in range(starts):
         p = jax.tree.map(lambda x, i=i: x[i], params)

@@ -16,6 +16,10 @@ from jaxtyping import Array, Bool, Float, Int
 from ._checks import check_int
 from ._fit import FitError, _cause
 
+# L-BFGS's defaults (`minimize`'s, and the screening of `fit_hyperparameters`, which must
+# build the same optimiser to share minimize's compiled first step).
+_MEMORY_SIZE, _LINESEARCH_STEPS = 10, 30
+
 # Why a run stopped (FitReport.reason).
 _RUNNING, _GTOL, _FTOL, _MAX_STEPS, _NONFINITE, _LINESEARCH, _FAILED = range(7)
 _REASONS = {
@@ -161,8 +165,8 @@ def minimize(
     max_steps: int = 500,
     gtol: float = 1e-5,
     ftol: float = 1e-10,
-    memory_size: int = 10,
-    linesearch_steps: int = 30,
+    memory_size: int = _MEMORY_SIZE,
+    linesearch_steps: int = _LINESEARCH_STEPS,
     chunk: int = 50,
 ):
     """Train `model` by minimising `loss(model, *args)` with L-BFGS (optax's, with a zoom

@@ -10,9 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._hyperparameters import _scale_lengthscale, map_stationary
 from ._kernels import AbstractStationaryKernel, ActiveDims, Invariant, Product, Sum, Warped
 from ._observations import Observations
-from ._parameters import inverse_softplus
 
 _CRITERIA = ("loo", "validation", "profile", "likelihood")
 
@@ -36,15 +36,7 @@ class Selection(eqx.Module):
 def scale_lengthscales(kernel, factor):
     """`kernel` with every stationary lengthscale multiplied by `factor` (through `Warped`,
     `ActiveDims`, `Invariant`, sums and products)."""
-    if isinstance(kernel, (Warped, ActiveDims, Invariant)):
-        return eqx.tree_at(lambda k: k.kernel, kernel, scale_lengthscales(kernel.kernel, factor))
-    if isinstance(kernel, (Sum, Product)):
-        both = (scale_lengthscales(kernel.kernel1, factor), scale_lengthscales(kernel.kernel2, factor))
-        return eqx.tree_at(lambda k: (k.kernel1, k.kernel2), kernel, both)
-    if isinstance(kernel, AbstractStationaryKernel):
-        ls = jax.nn.softplus(kernel.raw_lengthscale)
-        return eqx.tree_at(lambda k: k.raw_lengthscale, kernel, inverse_softplus(ls * factor))
-    return kernel
+    return map_stationary(kernel, lambda k, _: _scale_lengthscale(k, factor))
 
 
 def _has_lengthscale(kernel) -> bool:
