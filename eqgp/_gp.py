@@ -203,16 +203,7 @@ class GaussianProcess(eqx.Module):
         # the flops of forming K^{-1} by ?potri).
         Lt, check = self.solver.dense_factor_t(cov, _LOO_NOT_PD)
         alpha = jax.scipy.linalg.cho_solve((Lt.T, True), r) + check
-        M = factor_inverse_t(Lt, alpha)
-        out = []
-        for idx in index:
-            C = jnp.linalg.cholesky(_inverse_blocks(M, idx) + check)  # (N, P, P)
-            eye = jnp.eye(idx.shape[1], dtype=r.dtype)
-            covariance = jax.vmap(lambda c, eye=eye: jax.scipy.linalg.cho_solve((c, True), eye))(C)
-            a = alpha[idx]
-            residual = jnp.einsum("npq,nq->np", covariance, a)
-            out.append((residual, 0.5 * (covariance + jnp.swapaxes(covariance, 1, 2)), a, C))
-        return out
+        return _leave_one_out_of_factor(Lt, check, alpha, index)
 
     @jit
     def leave_one_out_log_density(self, obs: Observations, *, combine_groups: bool = False) -> Float[Array, ""]:
@@ -240,6 +231,25 @@ class GaussianProcess(eqx.Module):
         state = self.solver.init(cov, key)
         alpha = self.solver.solve(state, r)
         return Posterior(self, obs, self.solver.for_prediction(state), alpha)
+
+
+def _leave_one_out_of_factor(Lt, check, alpha, index, inverse=None):
+    """`GaussianProcess._leave_one_out`'s blocks from the transposed Cholesky factor `Lt` of
+    `K`, its failure `check` and `alpha = K^{-1} r`. `Lt` is dead afterwards: `M = L^{-T}`
+    overwrites it (in place where it is an intermediate, or an argument donated to an output
+    of its shape: `inverse`, a list, receives `M`)."""
+    M = factor_inverse_t(Lt, alpha)
+    if inverse is not None:
+        inverse.append(M)
+    out = []
+    for idx in index:
+        C = jnp.linalg.cholesky(_inverse_blocks(M, idx) + check)  # (N, P, P)
+        eye = jnp.eye(idx.shape[1], dtype=alpha.dtype)
+        covariance = jax.vmap(lambda c, eye=eye: jax.scipy.linalg.cho_solve((c, True), eye))(C)
+        a = alpha[idx]
+        residual = jnp.einsum("npq,nq->np", covariance, a)
+        out.append((residual, 0.5 * (covariance + jnp.swapaxes(covariance, 1, 2)), a, C))
+    return out
 
 
 def _inverse_blocks(M, idx):

@@ -11,10 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._hyperparameters import _scale_lengthscale, map_stationary
+from ._jit import full_precision
 from ._kernels import AbstractStationaryKernel, ActiveDims, Invariant, Product, Sum, Warped
 from ._observations import Observations
 
 _CRITERIA = ("loo", "validation", "profile", "likelihood")
+_SEARCHES = ("descend", "grid")
 
 
 class Selection(eqx.Module):
@@ -47,13 +49,16 @@ def _has_lengthscale(kernel) -> bool:
     return isinstance(kernel, AbstractStationaryKernel)
 
 
+def _mean_abs_residual(blocks):
+    total = sum(jnp.sum(jnp.abs(residual)) for residual, *_ in blocks)
+    return total / sum(residual.size for residual, *_ in blocks)
+
+
 @eqx.filter_jit
 def _score(gp, factor, obs, validation, criterion: str, combine_groups: bool):
     model = eqx.tree_at(lambda m: m.kernel, gp, scale_lengthscales(gp.kernel, factor))
     if criterion == "loo":
-        blocks = model._leave_one_out(obs, combine_groups)
-        total = sum(jnp.sum(jnp.abs(residual)) for residual, *_ in blocks)
-        return total / sum(residual.size for residual, *_ in blocks)
+        return _mean_abs_residual(model._leave_one_out(obs, combine_groups))
     if criterion == "validation":
         post = model.condition(obs)
         errors = [
@@ -64,6 +69,29 @@ def _score(gp, factor, obs, validation, criterion: str, combine_groups: bool):
     return -model.log_marginal_likelihood(obs, profile=criterion == "profile")
 
 
+def _loo_of_factor(shape, Lt, check, alpha):
+    from ._gp import _leave_one_out_of_factor, _loo_blocks  # noqa: PLC0415 - _gp imports this module's users
+
+    obs, combine_groups = shape
+    inverse = []
+    blocks = _leave_one_out_of_factor(Lt, check, alpha, _loo_blocks(obs, combine_groups), inverse)
+    return _mean_abs_residual(blocks), inverse[0]
+
+
+# The factor is donated and L^{-T} returned (and dropped): XLA reuses a donated argument only
+# for an output of its shape, so ?trtri overwrites it in place (one R x R matrix, not two).
+_loo_of_factor = eqx.filter_jit(full_precision(_loo_of_factor), donate="all-except-first")
+
+
+def _loo_score(model, obs, combine_groups: bool):
+    """The leave-one-out score of `model` from `model.condition(obs)`'s own factor: with a
+    `Cholesky` solver the program that factorises is the one that conditions, so the
+    selection's final `condition` (and the user's) compiles nothing new."""
+    post = model.condition(obs)
+    score, _ = _loo_of_factor((obs, combine_groups), post.state.factor_t, post.state.check, post.alpha)
+    return score
+
+
 def select_lengthscales(
     gp,
     obs: Observations,
@@ -72,15 +100,25 @@ def select_lengthscales(
     validation: Observations | None = None,
     factors=None,
     refine: int = 2,
+    search: str = "descend",
     combine_groups: bool = False,
 ):
     """Choose the lengthscales of `gp` by a search over one factor that multiplies all of
-    them: a grid (`factors`, log-spaced), then `refine` rounds that try the two factors
+    them, on a log-spaced grid (`factors`), then `refine` rounds that try the two factors
     either side of the best at half the previous log-step (sGDML's validation grid,
-    refined). Every other hyper-parameter is kept; one compiled program serves every
-    factor. The noise is kept as given (a noise fixed relative to the signal, as an
-    interpolating force field uses, makes the predictive mean independent of the signal
-    variance).
+    refined).
+
+    `search="descend"` (default) starts at the grid's factor nearest 1 (the lengthscales
+    `gp` has) and moves to the better neighbour until neither neighbour is better: a few
+    evaluations when the start is within a few grid steps of the best, and the grid's
+    minimum where the score has one minimum on it. `search="grid"` scores every factor
+    (for scores with several minima).
+
+    Every other hyper-parameter is kept, and the factors share their compiled programs
+    (with `"loo"` and a `Cholesky` solver, `gp.condition`'s own, so that conditioning the
+    selected model compiles nothing new). The noise is kept as given (a noise fixed
+    relative to the signal, as an interpolating force field uses, makes the predictive
+    mean independent of the signal variance).
 
     Criteria (each a score to minimise):
 
@@ -105,6 +143,7 @@ def select_lengthscales(
     - `criterion`, `validation`: as above.
     - `factors`: the grid, positive numbers (default `2.0 ** arange(-4, 5)`: 1/16 to 16).
     - `refine`: rounds of refinement (each two more evaluations).
+    - `search`: `"descend"` or `"grid"`, as above.
     - `combine_groups`: as in `leave_one_out` (e.g. energies and forces as two groups at
       the same configurations leave out together).
 
@@ -146,20 +185,40 @@ def select_lengthscales(
         raise ValueError(f"`factors` must be a non-empty 1-D sequence of positive numbers; got {factors!r}.")
     grid = np.unique(grid)
 
+    if search not in _SEARCHES:
+        raise ValueError(f"`search` must be one of {_SEARCHES}; got {search!r}.")
+
+    from ._solvers import Cholesky  # noqa: PLC0415
+
     dtype = jax.tree.leaves(eqx.filter(gp, eqx.is_inexact_array))[0].dtype
+    by_condition = criterion == "loo" and isinstance(gp.solver, Cholesky)
     tried: dict[float, float] = {}
 
     def evaluate(f):
         if f not in tried:
-            tried[f] = float(_score(gp, jnp.asarray(f, dtype), obs, validation, criterion, combine_groups))
+            if by_condition:
+                model = eqx.tree_at(lambda m: m.kernel, gp, scale_lengthscales(gp.kernel, jnp.asarray(f, dtype)))
+                score = _loo_score(model, obs, combine_groups)
+            else:
+                score = _score(gp, jnp.asarray(f, dtype), obs, validation, criterion, combine_groups)
+            score = float(score)
+            tried[f] = score if math.isfinite(score) else math.inf
         return tried[f]
 
-    for f in grid:
-        evaluate(float(f))
-    scores = {f: (s if math.isfinite(s) else math.inf) for f, s in tried.items()}
-    best = min(scores, key=scores.get)
-    if not math.isfinite(scores[best]):
-        raise ValueError(f"every factor on the grid gave a non-finite {criterion!r} score: {tried}.")
+    if search == "grid":
+        for f in grid:
+            evaluate(float(f))
+    else:  # from the grid point nearest the starting lengthscales, to the better neighbour
+        i = int(np.argmin(np.abs(np.log(grid))))
+        while True:
+            near = [j for j in (i - 1, i, i + 1) if 0 <= j < grid.size]
+            j = min(near, key=lambda j: (evaluate(float(grid[j])), j != i))
+            if j == i:
+                break
+            i = j
+    best = min(tried, key=tried.get)
+    if not math.isfinite(tried[best]):
+        raise ValueError(f"every factor tried gave a non-finite {criterion!r} score: {tried}.")
     if grid.size > 1 and best in (grid[0], grid[-1]):
         warnings.warn(
             f"eqgp.select_lengthscales: the best factor {best:g} is at the edge of the grid "
@@ -171,8 +230,7 @@ def select_lengthscales(
         step /= 2
         for f in (best * math.exp(-step), best * math.exp(step)):
             evaluate(f)
-        scores = {f: (s if math.isfinite(s) else math.inf) for f, s in tried.items()}
-        best = min(scores, key=scores.get)
+        best = min(tried, key=tried.get)
     model = eqx.tree_at(lambda m: m.kernel, gp, scale_lengthscales(gp.kernel, jnp.asarray(best, dtype)))
     report = Selection(np.asarray(list(tried)), np.asarray(list(tried.values())), best, criterion)
     return model, report

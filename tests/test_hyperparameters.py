@@ -247,7 +247,7 @@ def test_select_lengthscales_scores_are_the_criteria_and_the_best_is_kept():
     held = eqgp.Observations.values_and_gradients(Xh, jax.vmap(_f)(Xh), jax.vmap(jax.grad(_f))(Xh))
     for criterion, validation in [("loo", None), ("validation", held), ("profile", None)]:
         model, sel = eqgp.select_lengthscales(
-            gp, obs, criterion=criterion, validation=validation, factors=[1, 4, 16, 64], refine=1
+            gp, obs, criterion=criterion, validation=validation, factors=[1, 4, 16, 64], refine=1, search="grid"
         )
         assert len(sel.factors) == 6 and sel.factor == sel.factors[np.argmin(sel.scores)]
         assert_close(model.kernel.lengthscale, sel.factor * gp.kernel.lengthscale, rtol=1e-12)
@@ -272,6 +272,28 @@ def test_select_lengthscales_scores_are_the_criteria_and_the_best_is_kept():
     assert 1 / 1.5 < sel.factor / 0.8 < 1.5, sel
 
 
+def test_select_lengthscales_descends_to_the_grids_best_and_every_solver_scores_alike():
+    obs = _obs(10)
+    gp = eqgp.GaussianProcess(kernels.Matern52([0.3, 0.4]), noise=1e-4)
+    grid = 2.0 ** np.arange(-4, 7)
+    _, full = eqgp.select_lengthscales(gp, obs, factors=grid, refine=0, search="grid")
+    _, walk = eqgp.select_lengthscales(gp, obs, factors=grid, refine=0)
+    assert walk.factor == full.factor and len(walk.factors) < len(full.factors), (walk, full)
+    for f, s in zip(walk.factors, walk.scores):  # the descent's scores are the grid's
+        assert s == full.scores[list(full.factors).index(f)]
+    # From lengthscales 16x too long it walks four grid steps (its start: the factor nearest 1).
+    far_gp = eqx.tree_at(lambda m: m.kernel, gp, kernels.Matern52([4.8, 6.4]))
+    _, far = eqgp.select_lengthscales(far_gp, obs, factors=2.0 ** np.arange(-8, 3), refine=0)
+    assert far.factor == full.factor / 16, (far, full)
+    # Cholesky scores from `condition`'s factor; other solvers from a dense factorisation.
+    cg = eqgp.ConjugateGradient()
+    _, other = eqgp.select_lengthscales(eqx.tree_at(lambda m: m.solver, gp, cg), obs, factors=grid, refine=0)
+    assert other.factor == walk.factor
+    assert_close(np.sort(other.scores), np.sort(walk.scores), rtol=1e-8)
+    # The observations and the model survive the factor's donation.
+    assert_close(gp.condition(obs).mean(obs.groups[0].X), obs.groups[0].targets[:, 0], atol=1e-2)
+
+
 def test_select_lengthscales_warns_at_the_edge_and_names_bad_arguments():
     obs = _obs(8)
     gp = eqgp.GaussianProcess(kernels.RBF(1.0), noise=1e-3)
@@ -287,3 +309,5 @@ def test_select_lengthscales_warns_at_the_edge_and_names_bad_arguments():
         eqgp.select_lengthscales(gp, obs, factors=[0.0, 1.0])
     with pytest.raises(ValueError, match="no stationary lengthscale"):
         eqgp.select_lengthscales(eqgp.GaussianProcess(kernels.Linear(), noise=1e-3), obs)
+    with pytest.raises(ValueError, match="`search` must be one of"):
+        eqgp.select_lengthscales(gp, obs, search="random")
