@@ -127,7 +127,7 @@ def cholesky(
     deferred: bool = False,
 ):
     """The lower Cholesky factor of `A + j * scale * I` with `j = jitter` and `scale` by default
-    `mean(diag A)`; or, with
+    `mean(diag A)` (or a function of `diag A`); or, with
     `max_tries > 0` and where that fails, with `j` growing tenfold per try (from `jitter`, or
     1e-6 / 1e-8 for float32 / float64), as GPyTorch's `psd_safe_cholesky`. The jitter a retry
     needed is reported by a warning (also under `jit`). Failure: an `eqx.error_if` error, with
@@ -162,7 +162,11 @@ def cholesky(
             probe = A[np.ix_(principal, principal)]
     if n == 0:
         return (A, jnp.zeros((), A.dtype)) if deferred else A
-    scale = jnp.mean(jnp.diagonal(A)) if scale is None else jnp.asarray(scale, A.dtype)
+    diagonal = jnp.diagonal(A)  # read before the factorisation (`after`): no copy of A
+    if scale is None:
+        scale = jnp.mean(diagonal)
+    scale = scale(diagonal) if callable(scale) else jnp.asarray(scale, A.dtype)
+    after = diagonal if probe is None or probe is A else jnp.concatenate([diagonal, probe.reshape(-1)])
     eye = jnp.eye(n, dtype=A.dtype)
 
     def chol(A, after=None):
@@ -176,7 +180,7 @@ def cholesky(
         # of A that is read reaches a later pivot, so the diagonal tells.
         return ~jnp.all(jnp.isfinite(jnp.diagonal(L)))
 
-    L = factor(A, jnp.asarray(jitter, A.dtype), None if probe is None or probe is A else probe)
+    L = factor(A, jnp.asarray(jitter, A.dtype), after)
     if max_tries:
         first = jitter if jitter else _FIRST_JITTER.get(jnp.dtype(A.dtype), 1e-6)
 

@@ -52,7 +52,7 @@ def _warn_float32(cond):
 class Cholesky(AbstractPullbackSolver[_CholeskyState]):
     """Dense Cholesky of `cov.as_matrix()`, with `jitter` (times the mean of the kernel's
     diagonal, the noise excluded, so that huge known noise on padding rows does not inflate
-    it) added to the diagonal: exact, memory `R^2`, time `R^3 / 3`.
+    it; over the rows whose noise is at most half their variance) added to the diagonal: exact, memory `R^2`, time `R^3 / 3`.
 
     `max_tries > 0` makes it robust (opt-in, as GPyTorch's `psd_safe_cholesky`): where the
     factorisation fails it retries with tenfold jitter up to `max_tries` times and warns
@@ -73,15 +73,21 @@ class Cholesky(AbstractPullbackSolver[_CholeskyState]):
             raise ValueError(f"`max_tries` must be an int >= 0; got {self.max_tries!r}.")
 
     def init(self, cov: Covariance, key=None) -> _CholeskyState:
-        scale = None  # an empty matrix needs none
-        if cov.size:
-            # From the diagonal's own evaluations, not read off the matrix: a read of the
-            # matrix that XLA cannot order before the in-place factorisation costs a copy.
-            kernel_diagonal = cov.kernel_diagonal()
-            scale = jnp.mean(kernel_diagonal + cov.noise)
-            if self.jitter or self.max_tries:
-                kernel = jnp.mean(kernel_diagonal)
-                scale = jnp.where(kernel > 0, kernel, scale)
+        noise = cov.noise
+
+        def scale(diagonal):
+            # From the matrix's diagonal, read before the factorisation overwrites it (a
+            # second evaluation of the kernel's diagonal costs compile time and memory).
+            total = jnp.mean(diagonal)
+            if not (self.jitter or self.max_tries):
+                return total
+            # The kernel's part (the noise excluded, so that huge known noise on padding
+            # rows does not inflate the jitter), over the rows where subtracting the noise
+            # is exact to rounding (the noise at most half the diagonal).
+            kept = noise <= 0.5 * diagonal
+            kernel = jnp.sum(jnp.where(kept, diagonal - noise, 0.0)) / jnp.maximum(jnp.sum(kept, dtype=diagonal.dtype), 1.0)
+            return jnp.where(kernel > 0, kernel, total)
+
         # The factorisation overwrites the only copy of the gram (a large one is built again
         # for jitter retries; the indefiniteness test reads a small principal submatrix).
         Lt, check = cholesky(
