@@ -69,10 +69,10 @@ def _score(gp, factor, obs, validation, criterion: str, combine_groups: bool):
     return -model.log_marginal_likelihood(obs, profile=criterion == "profile")
 
 
-def _loo_of_factor(shape, Lt, check, alpha):
+def _loo_of_factor(rest, Lt):
     from ._gp import _leave_one_out_of_factor, _loo_blocks  # noqa: PLC0415 - _gp imports this module's users
 
-    obs, combine_groups = shape
+    obs, combine_groups, check, alpha = rest
     inverse = []
     blocks = _leave_one_out_of_factor(Lt, check, alpha, _loo_blocks(obs, combine_groups), inverse)
     return _mean_abs_residual(blocks), inverse[0]
@@ -88,7 +88,7 @@ def _loo_score(model, obs, combine_groups: bool):
     `Cholesky` solver the program that factorises is the one that conditions, so the
     selection's final `condition` (and the user's) compiles nothing new."""
     post = model.condition(obs)
-    score, _ = _loo_of_factor((obs, combine_groups), post.state.factor_t, post.state.check, post.alpha)
+    score, _ = _loo_of_factor((obs, combine_groups, post.state.check, post.alpha), post.state.factor_t)
     return score
 
 
