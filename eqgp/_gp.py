@@ -257,7 +257,7 @@ def _inverse_blocks(M, idx):
     a chunk of blocks at a time (their rows of `M` are never all gathered at once)."""
     N, P = idx.shape
     R = M.shape[0]
-    c = int(max(1, min(N, 2**25 // max(1, P * R * M.dtype.itemsize))))
+    c = int(max(1, min(N, 2**23 // max(1, P * R * M.dtype.itemsize))))
     n = -(-N // c)
     chunks = np.concatenate([idx, np.broadcast_to(idx[:1], (n * c - N, P))]).reshape(n, c, P)
 
