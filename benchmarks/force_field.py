@@ -9,9 +9,9 @@ generator; needs `pip install ase tblite sgdml`). Four models, each trained on f
   100 validation configurations;
 - eqgp plain and symmetric (`kernels.Invariant` over `eqgp.molecular_permutations`): a
   Matérn-5/2 on inverse distances, dense Cholesky, its lengthscale chosen by eqgp itself:
-  closed-form leave-one-out force error (`eqgp.select_lengthscales`; no validation data) on a
-  factor-2 grid 0.625..40 refined by the two lengthscales a factor sqrt(2) either side of the
-  best (9 models, `force_field.select`).
+  closed-form leave-one-out force error (`eqgp.select_lengthscales`; no validation data): on a
+  factor-2 grid 0.625..40, a descent from 5 to the better neighbour, then the two lengthscales
+  a factor sqrt(2) either side of the best (5-6 models, `force_field.select`).
 
 Each model runs in its own process; printed per size: force MAE (kcal/mol/Å), energy MAE
 (kcal/mol), train time (the whole selection, eqgp's including compilation), time to predict
