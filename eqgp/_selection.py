@@ -84,11 +84,12 @@ _loo_of_factor = eqx.filter_jit(full_precision(_loo_of_factor), donate="all-exce
 
 
 def _loo_score(model, obs, combine_groups: bool):
-    """The leave-one-out score of `model` from `model.condition(obs)`'s own factor: with a
-    `Cholesky` solver the program that factorises is the one that conditions, so the
-    selection's final `condition` (and the user's) compiles nothing new."""
+    """The leave-one-out score of `model` from `model.condition(obs)`'s own factor (a solver
+    that `holds_dense_factor`, as `Cholesky`): the program that factorises is the one that
+    conditions, so the selection's final `condition` (and the user's) compiles nothing new."""
     post = model.condition(obs)
-    score, _ = _loo_of_factor((obs, combine_groups, post.state.check, post.alpha), post.state.factor_t)
+    Lt, check = model.solver.held_factor_t(post.state)
+    score, _ = _loo_of_factor((obs, combine_groups, check, post.alpha), Lt)
     return score
 
 
@@ -188,10 +189,8 @@ def select_lengthscales(
     if search not in _SEARCHES:
         raise ValueError(f"`search` must be one of {_SEARCHES}; got {search!r}.")
 
-    from ._solvers import Cholesky  # noqa: PLC0415
-
     dtype = jax.tree.leaves(eqx.filter(gp, eqx.is_inexact_array))[0].dtype
-    by_condition = criterion == "loo" and isinstance(gp.solver, Cholesky)
+    by_condition = criterion == "loo" and gp.solver.holds_dense_factor
     tried: dict[float, float] = {}
 
     def evaluate(f):

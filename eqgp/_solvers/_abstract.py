@@ -1,6 +1,6 @@
 import abc
 import math
-from typing import Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
 import equinox as eqx
 import jax
@@ -60,6 +60,15 @@ class AbstractSolver(eqx.Module, Generic[_State]):
         """The solver `eqgp.fit_hyperparameters` trains (and returns its model) with: this one,
         or one that survives the line search's trial points (`Cholesky`: jitter retries)."""
         return self
+
+    # Whether `init`'s state holds the dense factor `dense_factor_t` would compute (read by
+    # `held_factor_t`): the closed-form leave-one-out then reuses `condition`'s work.
+    holds_dense_factor: ClassVar[bool] = False
+
+    def held_factor_t(self, state: _State) -> tuple[Float[Array, "R R"], Float[Array, ""]]:
+        """`(L^T, check)` as `dense_factor_t` returns them, read from `state` (only where
+        `holds_dense_factor`)."""
+        raise NotImplementedError(f"{type(self).__name__} holds no dense factor.")
 
     def dense_factor_t(self, cov: Covariance, message: str) -> tuple[Float[Array, "R R"], Float[Array, ""]]:
         """`(L^T, check)`: the Cholesky factor of `cov.as_matrix()` transposed (LAPACK's

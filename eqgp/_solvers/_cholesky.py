@@ -108,6 +108,11 @@ class Cholesky(AbstractPullbackSolver[_CholeskyState]):
         # with jitter (warned) rather than end the run at a line search's trial point.
         return self if self.max_tries else Cholesky(self.jitter, _TRAINING_TRIES)
 
+    holds_dense_factor = True
+
+    def held_factor_t(self, state):
+        return state.factor_t, state.check
+
     def dense_factor_t(self, cov: Covariance, message: str):
         if not (self.jitter or self.max_tries):
             return super().dense_factor_t(cov, message)
