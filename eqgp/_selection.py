@@ -126,7 +126,7 @@ def select_lengthscales(
     - `"loo"` (default): the mean absolute leave-one-out residual of the predictive mean,
       leaving out each point's value and derivatives as a block (closed form from one
       factorisation, `GaussianProcess.leave_one_out`): cross-validation without held-out
-      data. Dense, `O(R^3)`, about two `R x R` matrices.
+      data. Dense, `O(R^3)`; with `Cholesky`, one `R x R` matrix (the factor, inverted in place).
     - `"validation"`: the mean absolute error of the predictive mean on `validation`
       (held-out observations, e.g. forces of other configurations): sGDML's selection.
     - `"profile"`, `"likelihood"`: the negative log marginal likelihood (with the signal

@@ -137,8 +137,9 @@ def errors(post, R, E, F):
 def select(Z, train, symmetric: bool, criterion: str = "loo", valid=None):
     """eqgp's selection of the lengthscale (`eqgp.select_lengthscales`): on a factor-2 grid
     from 0.625 to 40, a descent from 5 to the better neighbour until neither is better, then
-    the two lengthscales a factor sqrt(2) either side of the best (5-6 candidates), scored by the closed-form leave-one-out force error (`criterion="loo"`: no held-out
-    data needed), by the force error on `valid` (`"validation"`: sGDML's selection) or by
+    the two lengthscales a factor sqrt(2) either side of the best (5-6 candidates), scored
+    by the closed-form leave-one-out force error (`criterion="loo"`: no held-out data
+    needed), by the force error on `valid` (`"validation"`: sGDML's selection) or by
     the profile likelihood (`"profile"`). `train`, `valid`: `(R, E, F)`.
     Returns `(posterior, lengthscale)`, the posterior's energy offset fixed (`condition`)."""
     forces = eqgp.Observations((eqgp.Gradient(), flat(train[0]), -flat(train[2])))

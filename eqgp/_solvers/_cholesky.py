@@ -52,7 +52,8 @@ def _warn_float32(cond):
 class Cholesky(AbstractPullbackSolver[_CholeskyState]):
     """Dense Cholesky of `cov.as_matrix()`, with `jitter` (times the mean of the kernel's
     diagonal, the noise excluded, so that huge known noise on padding rows does not inflate
-    it; over the rows whose noise is at most half their variance) added to the diagonal: exact, memory `R^2`, time `R^3 / 3`.
+    it; over the rows whose noise is at most half their variance) added to the diagonal:
+    exact, memory `R^2`, time `R^3 / 3`.
 
     `max_tries > 0` makes it robust (opt-in, as GPyTorch's `psd_safe_cholesky`): where the
     factorisation fails it retries with tenfold jitter up to `max_tries` times and warns
@@ -85,7 +86,8 @@ class Cholesky(AbstractPullbackSolver[_CholeskyState]):
             # rows does not inflate the jitter), over the rows where subtracting the noise
             # is exact to rounding (the noise at most half the diagonal).
             kept = noise <= 0.5 * diagonal
-            kernel = jnp.sum(jnp.where(kept, diagonal - noise, 0.0)) / jnp.maximum(jnp.sum(kept, dtype=diagonal.dtype), 1.0)
+            count = jnp.maximum(jnp.sum(kept, dtype=diagonal.dtype), 1.0)
+            kernel = jnp.sum(jnp.where(kept, diagonal - noise, 0.0)) / count
             return jnp.where(kernel > 0, kernel, total)
 
         # The factorisation overwrites the only copy of the gram (a large one is built again
