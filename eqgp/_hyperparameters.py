@@ -20,7 +20,7 @@ from ._kernels import (
     Sum,
     Warped,
 )
-from ._minimize import _LINESEARCH_STEPS, _MEMORY_SIZE, _init, _solver as _lbfgs, minimize
+from ._minimize import _LINESEARCH_STEPS, _MEMORY_SIZE, _batched, _init, _init_batched, _solver as _lbfgs, minimize
 from ._observations import Observations
 from ._operators import Value, ValueAndGradient
 from ._parameters import inverse_softplus
@@ -250,7 +250,9 @@ def fit_hyperparameters(
     **Starts and runs.** The starting points are the data's default and `starts - 1` with
     every lengthscale multiplied by a log-uniform factor in `[1/4, 4]`; each costs one
     evaluation of the objective (and its gradient) to screen, and only the `runs` lowest are
-    trained (BoTorch's raw samples and restarts). `runs=starts` trains every start.
+    trained (BoTorch's raw samples and restarts). `runs=starts` trains every start. The
+    starts are screened (and, with `runs > 1`, trained) together with `vmap` on accelerators
+    and one after another on CPU (`batched=`, as in `eqgp.minimize`).
 
     Objectives:
 
@@ -307,7 +309,13 @@ def _screen(stacked, starts: int, runs: int, loss, obs, options: dict):
     params, static = eqx.partition(stacked, eqx.is_inexact_array)
     opt = _lbfgs(options.get("memory_size", _MEMORY_SIZE), options.get("linesearch_steps", _LINESEARCH_STEPS))
     values = []
-    for i in range(starts):
+    if _batched(options.get("batched")):  # every start's value in one program
+        try:
+            values = [float(v) for v in _init_batched(params, static, loss, (obs,), opt).value]
+        except Exception as e:  # noqa: BLE001 - one start's failure stops the batch: one by one below
+            if isinstance(e, KeyboardInterrupt):
+                raise
+    for i in range(starts if not values else 0):
         p = jax.tree.map(lambda x, i=i: x[i], params)
         try:
             value = float(_init(p, static, loss, (obs,), opt).value)
@@ -315,7 +323,8 @@ def _screen(stacked, starts: int, runs: int, loss, obs, options: dict):
             if isinstance(e, KeyboardInterrupt):
                 raise
             value = math.inf
-        values.append(value if math.isfinite(value) else math.inf)
+        values.append(value)
+    values = [v if math.isfinite(v) else math.inf for v in values]
     keep = np.argsort(values, kind="stable")[:runs]
     if runs == 1:
         return eqx.combine(jax.tree.map(lambda x: x[int(keep[0])], params), static)

@@ -4,6 +4,7 @@ models, keeping the best."""
 
 import functools
 import math
+import warnings
 from collections.abc import Callable
 
 import equinox as eqx
@@ -94,8 +95,7 @@ def _solver(memory_size: int, linesearch_steps: int):
     )
 
 
-@eqx.filter_jit
-def _init(params, static, loss, args, opt):
+def _init_impl(params, static, loss, args, opt):
     fn = lambda p: loss(eqx.combine(p, static), *args)  # noqa: E731
     value, grad = jax.value_and_grad(fn)(params)
     ok = jnp.isfinite(value) & _all_finite(grad)
@@ -109,8 +109,7 @@ def _init(params, static, loss, args, opt):
     )
 
 
-@eqx.filter_jit
-def _chunk(carry: _Carry, static, loss, args, opt, limit: Int[Array, ""], gtol, ftol, max_steps):
+def _chunk_impl(carry: _Carry, static, loss, args, opt, limit: Int[Array, ""], gtol, ftol, max_steps):
     """Up to `limit` more L-BFGS iterations of one run."""
     fn = lambda p: loss(eqx.combine(p, static), *args)  # noqa: E731
     value_and_grad = optax.value_and_grad_from_state(fn)
@@ -151,6 +150,23 @@ def _chunk(carry: _Carry, static, loss, args, opt, limit: Int[Array, ""], gtol, 
     return jax.lax.while_loop(cond, body, carry)
 
 
+_init = eqx.filter_jit(_init_impl)
+_chunk = eqx.filter_jit(_chunk_impl)
+
+
+# The batched starts: every start's value and gradient, and its L-BFGS iterations, in one
+# program (`vmap` of the single-start functions; the while loops run until the last start
+# stops, the stopped ones carried unchanged).
+@eqx.filter_jit
+def _init_batched(params, static, loss, args, opt):
+    return jax.vmap(lambda p: _init_impl(p, static, loss, args, opt))(params)
+
+
+@eqx.filter_jit
+def _chunk_batched(carry: _Carry, static, loss, args, opt, limit: Int[Array, ""], gtol, ftol, max_steps):
+    return jax.vmap(lambda c: _chunk_impl(c, static, loss, args, opt, limit, gtol, ftol, max_steps))(carry)
+
+
 def _check_tolerance(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
         raise ValueError(f"`{name}` must be a finite number >= 0; got {value!r}.")
@@ -168,6 +184,7 @@ def minimize(
     memory_size: int = _MEMORY_SIZE,
     linesearch_steps: int = _LINESEARCH_STEPS,
     chunk: int = 50,
+    batched: bool | None = None,
 ):
     """Train `model` by minimising `loss(model, *args)` with L-BFGS (optax's, with a zoom
     line search) until it converges: the quasi-Newton counterpart of `eqgp.fit`, on the same
@@ -182,10 +199,17 @@ def minimize(
     that step is kept and reported.
 
     **Multi-start.** With `starts=n`, `model`'s inexact leaves carry a leading axis of `n`
-    starting points (as `eqgp.initialise(gp, obs, starts=n)` or `eqx.filter_vmap` build):
-    the starts run one after another (one compiled program) and the one with the lowest
-    final loss is returned, unbatched; a start that fails is dropped (its loss reported as
-    `inf`). (Batching the starts with `vmap` is future work: one batched run did not return.)
+    starting points (as `eqgp.initialise(gp, obs, starts=n)` or `eqx.filter_vmap` build),
+    and the one with the lowest final loss is returned, unbatched; a start that fails is
+    dropped (its loss reported as `inf`). With `batched=True` the starts run together, `vmap`
+    over the starts in one compiled program (each chunk's loop runs until its last start
+    stops; stopped starts are carried unchanged); where a batched chunk raises (one start's
+    step failed), the starts still running go on one by one from there. With
+    `batched=False` they run one after another (one compiled program for all). The default
+    batches on accelerators and runs the starts one after another on CPU, where batching
+    was slower (8 starts, 30 and 240 rows) and where jaxlib's batched LAPACK kernels
+    (triangular solves over a batch) can deadlock XLA's CPU thread pool: with 2 threads,
+    two of them waited on each other for good at 240 rows. `batched=True` on CPU warns.
 
     The loss must be deterministic: with `eqgp.ConjugateGradient` keep `key=None` (a fixed
     probe set), not a fresh key per step.
@@ -196,6 +220,8 @@ def minimize(
     - `loss`: `loss(model, *args) -> scalar`.
     - `*args`: passed to `loss` after the model (data as arguments, not constants).
     - `starts`: `None` (one model) or the number of stacked starting models.
+    - `batched`: run the starts together (`vmap`) or one after another; `None`: together
+      except on CPU.
     - `max_steps`, `gtol`, `ftol`: the stopping rules above.
     - `memory_size`: L-BFGS's history length; `linesearch_steps`: the zoom line search's
       budget per iteration; `chunk`: iterations per compiled call.
@@ -230,29 +256,34 @@ def minimize(
                 f"(build the starts with `eqgp.initialise(..., starts={starts})` or `eqx.filter_vmap`); got leading "
                 f"sizes {sorted(s[0] if s else None for s in shapes)}."
             )
+    batched = _batched(batched) if starts is not None else False
     opt = _solver(memory_size, linesearch_steps)
     settings = dict(gtol=gtol, ftol=ftol, max_steps=max_steps)
 
-    def run(start):
-        """One run from the parameters `start`: `(carry, error)`, `carry` the last state reached
-        (None where the starting loss itself failed), `error` the exception that stopped it."""
-        try:
-            carry = _init(start, static, loss, args, opt)
-            if max_steps == 0:
-                stopped = jnp.where(carry.reason == _RUNNING, _MAX_STEPS, carry.reason).astype(jnp.int32)
-                carry = eqx.tree_at(lambda c: c.reason, carry, stopped)
-        except Exception as e:  # noqa: BLE001 - reported in the FitReport / FitError
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            return None, e
-        limit = chunk
-        while int(carry.reason) == _RUNNING:
+    def run(start, carry=None, batched=False):
+        """One run from the parameters `start` (or on from `carry`): `(carry, error)`, `carry`
+        the last state reached (None where the starting loss itself failed), `error` the
+        exception that stopped it. `batched`: `start` holds the stacked starts, run together
+        (a failure is returned, not retried step by step: the caller goes on one by one)."""
+        init, step = (_init_batched, _chunk_batched) if batched else (_init, _chunk)
+        if carry is None:
             try:
-                carry = _chunk(carry, static, loss, args, opt, jnp.asarray(limit), **settings)
+                carry = init(start, static, loss, args, opt)
+                if max_steps == 0:
+                    stopped = jnp.where(carry.reason == _RUNNING, _MAX_STEPS, carry.reason).astype(jnp.int32)
+                    carry = eqx.tree_at(lambda c: c.reason, carry, stopped)
             except Exception as e:  # noqa: BLE001 - reported in the FitReport / FitError
                 if isinstance(e, KeyboardInterrupt):
                     raise
-                if limit == 1:
+                return None, e
+        limit = chunk
+        while bool(jnp.any(carry.reason == _RUNNING)):
+            try:
+                carry = step(carry, static, loss, args, opt, jnp.asarray(limit), **settings)
+            except Exception as e:  # noqa: BLE001 - reported in the FitReport / FitError
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                if limit == 1 or batched:
                     return carry, e
                 limit = 1  # redo the failed chunk one step at a time: lose only the failing step
         return carry, None
@@ -269,16 +300,28 @@ def minimize(
         reason = _FAILED if error is not None else int(carry.reason)
         return eqx.combine(carry.params, static), _report(carry, reason, 0, np.asarray([float(carry.value)]))
 
-    # One start after another, each compiled once (same shapes). Batching the starts with vmap
-    # worked for the profile likelihood but one batched likelihood run never returned (a
-    # while loop under vmap runs until every start's line search ends): kept sequential.
-    carries, finals, reasons, first_error = [], [], [], None
-    for i in range(starts):
-        c, e = run(jax.tree.map(lambda x, i=i: x[i], params))
+    carries, finals, reasons, first_error = [None] * starts, [np.inf] * starts, [_FAILED] * starts, None
+    pending = list(range(starts))
+    if batched:
+        # All starts in one program. Where a batched call raises (one start's step failed:
+        # its error stops the batch), the starts go on one by one from the last batched state.
+        batch, error = run(params, batched=True)
+        if batch is not None:
+            for i in range(starts):
+                carries[i] = jax.tree.map(lambda x, i=i: x[i], batch)
+            if error is None:
+                pending = []
+            else:
+                pending = [i for i in range(starts) if int(carries[i].reason) == _RUNNING]
+        for i in range(starts):
+            if i not in pending and carries[i] is not None:
+                finals[i], reasons[i] = float(carries[i].value), int(carries[i].reason)
+    for i in pending:
+        c, e = run(jax.tree.map(lambda x, i=i: x[i], params), carry=carries[i])
         first_error = first_error or e
-        carries.append(c)
-        finals.append(np.inf if c is None else float(c.value))
-        reasons.append(_FAILED if e is not None else int(c.reason))
+        carries[i] = c
+        finals[i] = np.inf if c is None else float(c.value)
+        reasons[i] = _FAILED if e is not None else int(c.reason)
     finite = np.where(np.isfinite(finals), finals, np.inf)
     if not np.isfinite(finite).any():
         raise FitError(
@@ -291,6 +334,22 @@ def minimize(
     best = int(np.argmin(finite))
     chosen = carries[best]
     return eqx.combine(chosen.params, static), _report(chosen, reasons[best], best, finite)
+
+
+def _batched(batched: bool | None) -> bool:
+    """Whether to run stacked starts together (`vmap`); see `minimize`'s multi-start."""
+    if batched is not None and not isinstance(batched, bool):
+        raise TypeError(f"`batched` must be True, False or None; got {batched!r}.")
+    cpu = jax.default_backend() == "cpu"
+    if batched and cpu:
+        warnings.warn(
+            "eqgp.minimize(batched=True) on CPU: jaxlib's batched LAPACK kernels can deadlock XLA's CPU "
+            "thread pool (seen with 2 threads at a few hundred rows), and running the starts one after "
+            "another was faster on CPU. `batched=None` (the default) does that.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return (not cpu) if batched is None else batched
 
 
 def _report(carry: _Carry, reason: int, start: int, losses) -> FitReport:

@@ -1,3 +1,5 @@
+import contextlib
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -110,6 +112,40 @@ def test_minimize_multistart_keeps_the_best_start():
     assert_close(loss(model, obs), report.loss, rtol=1e-10)
     with pytest.raises(ValueError, match="leading axis of size 4"):
         eqgp.minimize(starts, loss, obs, starts=4)
+
+
+def _batched_warning():
+    cpu = jax.default_backend() == "cpu"
+    return pytest.warns(RuntimeWarning, match="deadlock") if cpu else contextlib.nullcontext()
+
+
+def test_minimize_batched_starts_equal_one_after_another_and_survive_a_failing_start():
+    # vmap over the starts gives each start's own run; the default on CPU runs them one by one.
+    obs = _obs(5)
+    loss = lambda m, obs: -m.log_marginal_likelihood(obs)  # noqa: E731
+    stacked = eqgp.initialise(_gp(), obs, starts=3, key=3)
+    _, one_by_one = eqgp.minimize(stacked, loss, obs, starts=3, max_steps=25)
+    with _batched_warning():  # on CPU: batching is opt-in there
+        model, together = eqgp.minimize(stacked, loss, obs, starts=3, max_steps=25, batched=True)
+    assert_close(together.losses, one_by_one.losses, rtol=1e-8)
+    assert together.start == one_by_one.start and together.steps == one_by_one.steps
+    assert_close(loss(model, obs), together.loss, rtol=1e-10)
+
+    def failing(m, obs):  # an error under jit once a lengthscale passes 1: stops the batch
+        ls = jax.nn.softplus(m.kernel.raw_lengthscale)
+        return eqx.error_if(loss(m, obs), jnp.any(ls > 1.0), "lengthscale too long")
+
+    raw = jnp.asarray([[-1.0, -1.0], [-2.0, -1.5], [-1.5, -2.0]])
+    short = eqx.tree_at(lambda m: m.kernel.raw_lengthscale, stacked, raw)
+    _, alone = eqgp.minimize(short, failing, obs, starts=3, max_steps=25, batched=False)
+    with _batched_warning():
+        model, batch = eqgp.minimize(short, failing, obs, starts=3, max_steps=25, batched=True)
+    # The starts went on one by one from the last batched chunk that worked: every start
+    # keeps a finite model from before its failing step.
+    assert np.all(np.isfinite(batch.losses)) and np.all(np.isfinite(alone.losses))
+    assert batch.loss == batch.losses.min() and bool(jnp.all(jax.nn.softplus(model.kernel.raw_lengthscale) <= 1.0))
+    with pytest.raises(TypeError, match="batched"):
+        eqgp.minimize(stacked, loss, obs, starts=3, batched="yes")
 
 
 @pytest.mark.slow  # CI's slow stage (keeps the main suite under ~5 min on 2 cores)
