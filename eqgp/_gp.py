@@ -151,11 +151,17 @@ class GaussianProcess(eqx.Module):
         that maximises the likelihood of `obs` (`s = r^T K^{-1} r / R`, see
         `log_marginal_likelihood(profile=True)`); the kernel's signal variance is found as
         in `eqgp.initialise` (a kernel without one raises a TypeError)."""
+        # `condition` called as a user calls it (no `key` argument where there is none), so
+        # conditioning the returned model reuses its compiled program.
+        post = self.condition(obs) if key is None else self.condition(obs, key)
+        return self._scaled_by_profile(obs, post.alpha)
+
+    @jit
+    def _scaled_by_profile(self, obs: Observations, alpha) -> "GaussianProcess":
         from ._hyperparameters import scale_signal  # noqa: PLC0415 - it imports GaussianProcess
 
-        post = self.condition(obs, key)
-        cov, r = self._prior(obs)
-        s = jnp.dot(r, post.alpha) / max(r.shape[0], 1)
+        _, r = self._prior(obs)
+        s = jnp.dot(r, alpha) / max(r.shape[0], 1)
         s = jnp.where(s > 0, s, 1.0)
         model = eqx.tree_at(lambda m: m.kernel, self, scale_signal(self.kernel, s))
         raw = []

@@ -99,9 +99,13 @@ def _init_impl(params, static, loss, args, opt):
     fn = lambda p: loss(eqx.combine(p, static), *args)  # noqa: E731
     value, grad = jax.value_and_grad(fn)(params)
     ok = jnp.isfinite(value) & _all_finite(grad)
+    # The state carries the value and gradient at the current point (the line search stores
+    # them at each accepted point), so the iterations never evaluate them again: one copy of
+    # the loss's value and gradient in the compiled loop (the line search's), not two.
+    state = optax.tree_utils.tree_set(opt.init(params), value=value, grad=grad)
     return _Carry(
         params,
-        opt.init(params),
+        state,
         value,
         _tree_max_abs(grad),
         jnp.zeros((), jnp.int32),
@@ -112,14 +116,14 @@ def _init_impl(params, static, loss, args, opt):
 def _chunk_impl(carry: _Carry, static, loss, args, opt, limit: Int[Array, ""], gtol, ftol, max_steps):
     """Up to `limit` more L-BFGS iterations of one run."""
     fn = lambda p: loss(eqx.combine(p, static), *args)  # noqa: E731
-    value_and_grad = optax.value_and_grad_from_state(fn)
     start = carry.steps
 
     def cond(c: _Carry):
         return (c.reason == _RUNNING) & (c.steps - start < limit)
 
     def body(c: _Carry):
-        value, grad = value_and_grad(c.params, state=c.opt_state)
+        value = optax.tree_utils.tree_get(c.opt_state, "value")
+        grad = optax.tree_utils.tree_get(c.opt_state, "grad")
         gnorm = _tree_max_abs(grad)
         with jax.numpy_dtype_promotion("standard"):
             updates, state = opt.update(grad, c.opt_state, c.params, value=value, grad=grad, value_fn=fn)
