@@ -1,6 +1,7 @@
 """Hyper-parameters from the data: a documented initialisation, the signal scale in closed
 form, and the default training recipe (`fit_hyperparameters`)."""
 
+import functools
 import math
 
 import equinox as eqx
@@ -9,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import check_int
+from ._fit import FitError
 from ._gram import _operator_diag
 from ._kernels import (
     AbstractKernel,
@@ -231,6 +233,52 @@ def _jitter_lengthscales(model, key, log_spread: float):
 
 _OBJECTIVES = ("likelihood", "profile", "loo")
 
+# Lengthscales train in log space. A `raw_lengthscale` leaf (stored as
+# `softplus^{-1}(lengthscale)`) is trained as `u = log(softplus(raw))`, the log of the
+# lengthscale, as scikit-learn and SMT train theirs: a lengthscale that must grow from 1 to
+# 1 000 moves by 7 in u, where softplus makes it crawl (the gradient with respect to `raw`
+# falls as one over the lengthscale): on SMT's WaterFlow (D = 8, 80 points) L-BFGS took
+# 33-43 iterations instead of 133-162, to the same test error. A monotone map of the reals
+# onto themselves keeps the optimum. Signal variance and noise keep softplus: trained in log
+# space too, they let the noise-to-signal ratio reach 1e-15 within 21 iterations on a 4-D
+# Rosenbrock, where the factorised likelihood is rounding (the model's likelihood moved by
+# 800 when rescaled) and the test error was 100x worse. Below `raw = -20` (values below
+# 2e-9, where softplus is exp to 2e-9) `u` is `raw` shifted to meet it.
+_SMALL = -20.0
+
+
+def _is_lengthscale(path) -> bool:
+    names = [k.name for k in path if isinstance(k, jax.tree_util.GetAttrKey)]
+    return bool(names) and names[-1] == "raw_lengthscale"
+
+
+_SMALL_U = math.log(math.log1p(math.exp(_SMALL)))  # u at raw = _SMALL: continuous there
+
+
+def _to_log(raw):
+    return jnp.where(raw < _SMALL, raw - _SMALL + _SMALL_U, jnp.log(jax.nn.softplus(jnp.maximum(raw, _SMALL))))
+
+
+def _from_log(u):
+    return jnp.where(u < _SMALL_U, u - _SMALL_U + _SMALL, inverse_softplus(jnp.exp(jnp.maximum(u, _SMALL_U))))
+
+
+def _map_raw(model, fn):
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: fn(x) if eqx.is_inexact_array(x) and _is_lengthscale(path) else x, model
+    )
+
+
+@functools.cache
+def _in_log_space(loss):
+    """`loss` of a model whose lengthscales are given in log space (cached: one function,
+    and so one compiled program, per loss)."""
+
+    def loss_of_logs(model, *args):
+        return loss(_map_raw(model, _from_log), *args)
+
+    return loss_of_logs
+
 
 def fit_hyperparameters(
     gp,
@@ -253,6 +301,12 @@ def fit_hyperparameters(
     trained (BoTorch's raw samples and restarts). `runs=starts` trains every start. The
     starts are screened (and, with `runs > 1`, trained) together with `vmap` on accelerators
     and one after another on CPU (`batched=`, as in `eqgp.minimize`).
+
+    **Log lengthscales.** Lengthscales are trained as their logarithms (as scikit-learn and
+    SMT do): one that must grow a thousandfold moves by 7, where the stored
+    `softplus^{-1}(lengthscale)` would crawl. Signal variance and noise are trained as stored.
+    The model returned is in the usual parametrisation; `report.grad_norm` is measured in
+    the trained coordinates.
 
     Objectives:
 
@@ -289,13 +343,18 @@ def fit_hyperparameters(
     runs = min(check_int("runs", runs, 1), starts)
     if hasattr(gp, "solver"):  # (initialise names a wrong `gp`)
         gp = eqx.tree_at(lambda m: m.solver, gp, gp.solver.for_training())
-    start = initialise(gp, obs, starts=starts, key=key)
-    loss = _LOSSES[objective]
-    if runs < starts:
-        start = _screen(start, starts, runs, loss, obs, minimize_options)
-    model, report = minimize(
-        start, loss, obs, starts=None if runs == 1 else runs, max_steps=max_steps, **minimize_options
-    )
+    start = _map_raw(initialise(gp, obs, starts=starts, key=key), _to_log)
+    loss = _in_log_space(_LOSSES[objective])
+    try:
+        if runs < starts:
+            start = _screen(start, starts, runs, loss, obs, minimize_options)
+        model, report = minimize(
+            start, loss, obs, starts=None if runs == 1 else runs, max_steps=max_steps, **minimize_options
+        )
+    except FitError as e:  # hand back the model as the user knows it
+        e.model = _map_raw(e.model, _from_log)
+        raise
+    model = _map_raw(model, _from_log)
     if objective == "profile":
         model = model.with_profiled_scale(obs)
     return model, report

@@ -241,6 +241,34 @@ def test_fit_hyperparameters_screens_the_starts_and_trains_the_best():
         eqgp.fit_hyperparameters(_gp(), obs, runs=0)
 
 
+def test_fit_hyperparameters_trains_lengthscales_in_log_space_and_hands_back_the_users_parametrisation(monkeypatch):
+    from eqgp import _hyperparameters as hp
+
+    raw = jnp.asarray([-700.0, -40.0, -20.5, -20.0, -19.5, -3.0, 0.0, 5.0, 50.0, 700.0])
+    assert_close(hp._from_log(hp._to_log(raw)), raw, rtol=1e-12, atol=1e-12)
+    assert_close(hp._to_log(raw)[5:], jnp.log(jax.nn.softplus(raw[5:])), rtol=1e-12)
+    obs = _obs(6)
+    gp = eqgp.initialise(_gp(), obs)
+    in_logs = hp._map_raw(gp, hp._to_log)
+    assert_close(in_logs.kernel.raw_lengthscale, jnp.log(gp.kernel.lengthscale), rtol=1e-12)
+    # Only lengthscales (variance and noise in log space drove a noise-to-signal ratio of 1e-15).
+    assert_close(in_logs.kernel.raw_variance, gp.kernel.raw_variance, rtol=0)
+    assert_close(in_logs.raw_noise[0], gp.raw_noise[0], rtol=0)
+    assert_close(hp._in_log_space(hp._neg_likelihood)(in_logs, obs), hp._neg_likelihood(gp, obs), rtol=1e-12)
+    # The trained model is in the usual parametrisation: its loss is the reported one.
+    model, report = eqgp.fit_hyperparameters(_gp(), obs, starts=2, max_steps=30)
+    assert_close(-model.log_marginal_likelihood(obs, profile=True), report.loss, rtol=1e-5)  # (rescaled)
+
+    # A start that fails hands back the model as the user knows it, not its logs.
+    def failing(m, obs):
+        return eqx.error_if(-m.log_marginal_likelihood(obs), True, "boom")
+
+    monkeypatch.setitem(hp._LOSSES, "profile", failing)
+    with pytest.raises(eqgp.FitError) as info:
+        eqgp.fit_hyperparameters(_gp(), obs, starts=2)
+    assert_close(info.value.model.kernel.lengthscale, gp.kernel.lengthscale, rtol=1e-12)
+
+
 @pytest.mark.slow  # CI's slow stage (keeps the main suite under ~5 min on 2 cores)
 def test_fit_hyperparameters_interpolates_deterministic_data_without_failing():
     # Rosenbrock (a quartic): the likelihood drives the noise to where a plain Cholesky of the
