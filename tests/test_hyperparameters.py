@@ -119,6 +119,7 @@ def _batched_warning():
     return pytest.warns(RuntimeWarning, match="deadlock") if cpu else contextlib.nullcontext()
 
 
+@pytest.mark.slow  # CI's slow stage (keeps the main suite under ~5 min on 2 cores)
 def test_minimize_batched_starts_equal_one_after_another_and_survive_a_failing_start():
     # vmap over the starts gives each start's own run; the default on CPU runs them one by one.
     obs = _obs(5)
@@ -237,6 +238,9 @@ def test_fit_hyperparameters_screens_the_starts_and_trains_the_best():
     # Trained from the screened best, it ends no worse than that start.
     model, report = eqgp.fit_hyperparameters(_gp(), obs, starts=4, runs=1, key=3, max_steps=30)
     assert report.losses.shape == (1,) and report.loss <= min(initial) + 1e-9
+    # Trained with log lengthscales, handed back as the user's model: its loss is the reported
+    # one (to 1e-3 nats: rescaled by the profile, where the absolute noise floor does not scale).
+    assert_close(-model.log_marginal_likelihood(obs, profile=True), report.loss, rtol=0, atol=1e-3)
     with pytest.raises(ValueError, match="`runs`"):
         eqgp.fit_hyperparameters(_gp(), obs, runs=0)
 
@@ -255,9 +259,7 @@ def test_fit_hyperparameters_trains_lengthscales_in_log_space_and_hands_back_the
     assert_close(in_logs.kernel.raw_variance, gp.kernel.raw_variance, rtol=0)
     assert_close(in_logs.raw_noise[0], gp.raw_noise[0], rtol=0)
     assert_close(hp._in_log_space(hp._neg_likelihood)(in_logs, obs), hp._neg_likelihood(gp, obs), rtol=1e-12)
-    # The trained model is in the usual parametrisation: its loss is the reported one.
-    model, report = eqgp.fit_hyperparameters(_gp(), obs, starts=2, max_steps=30)
-    assert_close(-model.log_marginal_likelihood(obs, profile=True), report.loss, rtol=1e-5)  # (rescaled)
+    # (The trained model's own loss is the reported one: the screening test below.)
 
     # A start that fails hands back the model as the user knows it, not its logs.
     def failing(m, obs):
