@@ -97,6 +97,11 @@ def test_minimize_reaches_the_optimum_of_a_long_adam_run():
     assert isinstance(report.reason, str) and report.grad_norm >= 0
 
 
+def _batched_warning():
+    cpu = jax.default_backend() == "cpu"
+    return pytest.warns(RuntimeWarning, match="deadlock") if cpu else contextlib.nullcontext()
+
+
 @pytest.mark.slow  # CI's slow stage (keeps the main suite under ~5 min on 2 cores)
 def test_minimize_multistart_keeps_the_best_start():
     obs = _obs(10)
@@ -110,27 +115,22 @@ def test_minimize_multistart_keeps_the_best_start():
         _, r = eqgp.minimize(one, loss, obs, max_steps=30)
         assert_close(r.loss, report.losses[i], rtol=1e-8)
     assert_close(loss(model, obs), report.loss, rtol=1e-10)
+    # vmap over the starts gives each start's own run (on CPU batching is opt-in and warns).
+    with _batched_warning():
+        _, together = eqgp.minimize(starts, loss, obs, starts=3, max_steps=30, batched=True)
+    assert_close(together.losses, report.losses, rtol=1e-8)
+    assert together.start == report.start and together.steps == report.steps
     with pytest.raises(ValueError, match="leading axis of size 4"):
         eqgp.minimize(starts, loss, obs, starts=4)
-
-
-def _batched_warning():
-    cpu = jax.default_backend() == "cpu"
-    return pytest.warns(RuntimeWarning, match="deadlock") if cpu else contextlib.nullcontext()
+    with pytest.raises(TypeError, match="batched"):
+        eqgp.minimize(starts, loss, obs, starts=3, batched="yes")
 
 
 @pytest.mark.slow  # CI's slow stage (keeps the main suite under ~5 min on 2 cores)
-def test_minimize_batched_starts_equal_one_after_another_and_survive_a_failing_start():
-    # vmap over the starts gives each start's own run; the default on CPU runs them one by one.
+def test_minimize_batched_starts_survive_a_failing_start():
     obs = _obs(5)
     loss = lambda m, obs: -m.log_marginal_likelihood(obs)  # noqa: E731
     stacked = eqgp.initialise(_gp(), obs, starts=3, key=3)
-    _, one_by_one = eqgp.minimize(stacked, loss, obs, starts=3, max_steps=25)
-    with _batched_warning():  # on CPU: batching is opt-in there
-        model, together = eqgp.minimize(stacked, loss, obs, starts=3, max_steps=25, batched=True)
-    assert_close(together.losses, one_by_one.losses, rtol=1e-8)
-    assert together.start == one_by_one.start and together.steps == one_by_one.steps
-    assert_close(loss(model, obs), together.loss, rtol=1e-10)
 
     def failing(m, obs):  # an error under jit once a lengthscale passes 1: stops the batch
         ls = jax.nn.softplus(m.kernel.raw_lengthscale)
@@ -141,12 +141,11 @@ def test_minimize_batched_starts_equal_one_after_another_and_survive_a_failing_s
     _, alone = eqgp.minimize(short, failing, obs, starts=3, max_steps=25, batched=False)
     with _batched_warning():
         model, batch = eqgp.minimize(short, failing, obs, starts=3, max_steps=25, batched=True)
-    # The starts went on one by one from the last batched chunk that worked: every start
-    # keeps a finite model from before its failing step.
+    # The starts went on one by one from the last batched chunk that worked (here the start):
+    # each ends where it ends alone, with a finite model from before its failing step.
     assert np.all(np.isfinite(batch.losses)) and np.all(np.isfinite(alone.losses))
+    assert_close(batch.losses, alone.losses, rtol=1e-8)
     assert batch.loss == batch.losses.min() and bool(jnp.all(jax.nn.softplus(model.kernel.raw_lengthscale) <= 1.0))
-    with pytest.raises(TypeError, match="batched"):
-        eqgp.minimize(stacked, loss, obs, starts=3, batched="yes")
 
 
 @pytest.mark.slow  # CI's slow stage (keeps the main suite under ~5 min on 2 cores)
