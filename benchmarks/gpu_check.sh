@@ -11,7 +11,8 @@
 #  3. sumcumprod (16384, 16384) etc. float32: native forward vs a device copy (bandwidth);
 #  4. compute-sanitizer memcheck, racecheck and synccheck on small cases (both directions, both row paths);
 #  5. the covariance / solver tests, then the rest of the suite (not the docs build);
-#  6. benchmarks: derivative grams and the likelihood (GPyTorch on the same GPU), matrix-free.
+#  6. benchmarks: derivative grams and the likelihood (GPyTorch on the same GPU), matrix-free,
+#     multi-start L-BFGS batched with vmap against one start after another.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEADLINE=$(( $(date +%s) + ${1:-450} ))
@@ -127,6 +128,7 @@ B=$PWD/benchmarks
 stage derivative-gram 120 bash -c "cd /tmp && $PY $B/derivative_gram.py"
 stage gp-likelihood 120 bash -c "cd /tmp && $PY $B/gp_likelihood.py"
 stage matrix-free 150 bash -c "cd /tmp && $PY $B/matrix_free.py"
+stage multistart 90 bash -c "cd /tmp && $PY $B/multistart.py"
 echo "=== summary ==="
 echo "$SUMMARY"
 grep '^RESULT' "$LOG" || true
