@@ -207,8 +207,9 @@ def minimize(
     and the one with the lowest final loss is returned, unbatched; a start that fails is
     dropped (its loss reported as `inf`). With `batched=True` the starts run together, `vmap`
     over the starts in one compiled program (each chunk's loop runs until its last start
-    stops; stopped starts are carried unchanged); where a batched chunk raises (one start's
-    step failed), the starts still running go on one by one from there. With
+    stops; stopped starts are carried unchanged); where a batched call raises (one start's
+    step failed, or the batch ran out of memory), the starts still running go on one by one
+    from the last batched state. With
     `batched=False` they run one after another (one compiled program for all). The default
     batches on accelerators and runs the starts one after another on CPU, where batching
     was slower (8 starts, 30 and 240 rows) and where jaxlib's batched LAPACK kernels
