@@ -305,28 +305,20 @@ def minimize(
         reason = _FAILED if error is not None else int(carry.reason)
         return eqx.combine(carry.params, static), _report(carry, reason, 0, np.asarray([float(carry.value)]))
 
-    carries, finals, reasons, first_error = [None] * starts, [np.inf] * starts, [_FAILED] * starts, None
-    pending = list(range(starts))
+    carries, errors = [None] * starts, [None] * starts
+    pending = range(starts)
     if batched:
         # All starts in one program. Where a batched call raises (one start's step failed:
         # its error stops the batch), the starts go on one by one from the last batched state.
         batch, error = run(params, batched=True)
         if batch is not None:
-            for i in range(starts):
-                carries[i] = jax.tree.map(lambda x, i=i: x[i], batch)
-            if error is None:
-                pending = []
-            else:
-                pending = [i for i in range(starts) if int(carries[i].reason) == _RUNNING]
-        for i in range(starts):
-            if i not in pending and carries[i] is not None:
-                finals[i], reasons[i] = float(carries[i].value), int(carries[i].reason)
+            carries = [jax.tree.map(lambda x, i=i: x[i], batch) for i in range(starts)]
+            pending = [] if error is None else [i for i, c in enumerate(carries) if int(c.reason) == _RUNNING]
     for i in pending:
-        c, e = run(jax.tree.map(lambda x, i=i: x[i], params), carry=carries[i])
-        first_error = first_error or e
-        carries[i] = c
-        finals[i] = np.inf if c is None else float(c.value)
-        reasons[i] = _FAILED if e is not None else int(c.reason)
+        carries[i], errors[i] = run(jax.tree.map(lambda x, i=i: x[i], params), carry=carries[i])
+    finals = [np.inf if c is None else float(c.value) for c in carries]
+    reasons = [_FAILED if e is not None else int(c.reason) for c, e in zip(carries, errors)]
+    first_error = next((e for e in errors if e is not None), None)
     finite = np.where(np.isfinite(finals), finals, np.inf)
     if not np.isfinite(finite).any():
         raise FitError(
