@@ -105,7 +105,7 @@ def force_field(sizes, data_dir):
 
     worst = bench.selection_study(sizes, data_dir)
     for criterion, ratio in worst.items():
-        print(f"RESULT hyperparameters_force_field_{criterion}_vs_validation {ratio:.3f}")
+        print(f"RESULT hyperparameters_force_field_{criterion.replace('-', '_')}_vs_validation {ratio:.3f}")
 
 
 def main():

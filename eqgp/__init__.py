@@ -43,4 +43,4 @@ from ._solvers import (
     ConjugateGradient as ConjugateGradient,
     StructuredGradients as StructuredGradients,
 )
-from ._symmetry import molecular_permutations as molecular_permutations
+from ._symmetry import molecular_permutations as molecular_permutations, pair_orbits as pair_orbits

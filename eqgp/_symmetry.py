@@ -122,3 +122,51 @@ def molecular_permutations(numbers, positions, *, tolerance: float = 1.2, coordi
     if not coordinates:
         return perms
     return (3 * perms[:, :, None] + np.arange(3)).reshape(perms.shape[0], 3 * n)
+
+
+def pair_orbits(permutations) -> np.ndarray:
+    """The orbit of every atom pair under a group of atom permutations: which inverse
+    distances (or any per-pair descriptor) a symmetry exchanges.
+
+    A kernel on a per-pair descriptor with one lengthscale per pair (ARD) stays invariant
+    under the group (`kernels.Invariant` then averages a kernel that the group maps onto
+    itself) when the lengthscales of pairs in one orbit are equal: `lengthscale[orbits]`
+    from one lengthscale per orbit. For ethanol's 12 permutations the 36 pairs fall into 17
+    orbits (e.g. the three methyl C-H bonds are one).
+
+    **Arguments:** `permutations`: `(G, n)` atom permutations, as
+    `eqgp.molecular_permutations(..., coordinates=False)` returns (the group closure is
+    taken: pairs linked by any chain of the given permutations share an orbit).
+
+    **Returns:** `(n (n - 1) / 2,)` ints from 0 to the number of orbits minus one, one per
+    pair `(i, j)`, `i < j`, in `np.triu_indices(n, k=1)` order, numbered by first
+    appearance.
+    """
+    P = np.asarray(permutations)
+    if P.ndim != 2 or not np.issubdtype(P.dtype, np.integer):
+        raise ValueError(
+            f"`permutations` must be a (G, n) int array of atom permutations; got shape {P.shape} of {P.dtype}."
+        )
+    n = P.shape[1]
+    if not np.all(np.sort(P, axis=1) == np.arange(n)):
+        raise ValueError(
+            "`permutations`: every row must be a permutation of 0..n-1 (atom permutations, not coordinates)."
+        )
+    i, j = np.triu_indices(n, k=1)
+    index = np.zeros((n, n), int)
+    index[i, j] = index[j, i] = np.arange(i.size)
+    parent = np.arange(i.size)
+
+    def root(a):
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for p in P:
+        for a, b in zip(np.arange(i.size), index[p[i], p[j]]):
+            ra, rb = root(a), root(b)
+            if ra != rb:
+                parent[max(ra, rb)] = min(ra, rb)
+    roots = np.array([root(a) for a in range(i.size)])
+    return np.unique(roots, return_inverse=True)[1].astype(int) if roots.size else roots

@@ -17,7 +17,7 @@ PUBLIC = {
         "expected_improvement", "fit", "fit_hyperparameters", "gradient_gram", "initialise", "minimize",
         "gram", "kernels", "log_expected_improvement",
         "load", "log_marginal_likelihood", "maximize_acquisition", "nn", "operator_diag", "operator_gram", "ops",
-        "molecular_permutations", "save", "Selection", "select_lengthscales",
+        "molecular_permutations", "pair_orbits", "save", "Selection", "select_lengthscales",
         "upper_confidence_bound",
     ],
     "eqgp.kernels": [

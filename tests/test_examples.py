@@ -4,8 +4,11 @@ import importlib.util
 import pathlib
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
+
+import eqgp
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 
@@ -57,3 +60,28 @@ def test_force_field_example_small_setting():
     # More data, smaller errors; the symmetric kernel ahead of the plain one.
     assert plain[1] < plain[0] and symmetric[1] < symmetric[0]
     assert symmetric[1] < plain[1]
+
+
+@pytest.mark.slow
+def test_force_field_orbit_lengthscales_keep_the_kernel_invariant_and_raise_the_likelihood():
+    pytest.importorskip("tblite", reason="the [chem] extra (CI installs it)")
+    ff = _load("force_field")
+    Z, R, E, F = ff.simulate(18, stride=5)
+    train, test = (R[:8], E[:8], F[:8]), (R[8:], E[8:], F[8:])
+    post, ell, report = ff.fit_orbit_lengthscales(Z, train, symmetric=True, max_steps=15)
+    assert report.steps > 0 and np.isfinite(ell)
+    descriptor = ff._descriptor(post.gp)
+    assert descriptor.log_lengthscale.shape == (17,)  # ethanol's pair orbits
+    # The fitted profile likelihood beats the common lengthscale it started from.
+    forces = eqgp.Observations((eqgp.Gradient(), ff.flat(train[0]), -ff.flat(train[2])))
+    start = jnp.full(17, np.log(5.0))
+    assert float(ff._profile_nll(descriptor.log_lengthscale, post.gp, forces)) < float(
+        ff._profile_nll(start, post.gp, forces)
+    )
+    # Per-orbit lengthscales keep the symmetric kernel invariant under each permutation.
+    k = post.gp.kernel
+    x, y = ff.flat(R[8:9])[0], ff.flat(R[9:10])[0]
+    for g in np.asarray(k.permutations):
+        assert abs(float(k(x[g], y)) - float(k(x, y))) < 1e-10 * abs(float(k(x, y)))
+    f_err, e_err = ff.errors(post, *test)
+    assert np.isfinite(f_err) and np.isfinite(e_err)

@@ -69,3 +69,48 @@ def test_coordinate_permutations_feed_an_invariant_kernel():
 def test_molecular_permutations_names_bad_input(args, match):
     with pytest.raises(ValueError, match=match):
         eqgp.molecular_permutations(*args)
+
+
+def _pair_index(n):
+    i, j = np.triu_indices(n, k=1)
+    index = np.zeros((n, n), int)
+    index[i, j] = index[j, i] = np.arange(i.size)
+    return i, j, index
+
+
+@pytest.mark.parametrize("molecule, count", [("ethanol", 17), ("benzene", 10)])
+def test_pair_orbits_are_the_groups_orbits(molecule, count):
+    Z, R = (ETHANOL_Z, ETHANOL_R) if molecule == "ethanol" else _benzene()
+    P = eqgp.molecular_permutations(Z, R, coordinates=False)
+    orbits = eqgp.pair_orbits(P)
+    n = len(Z)
+    i, j, index = _pair_index(n)
+    assert orbits.shape == (n * (n - 1) // 2,) and orbits.max() + 1 == count and orbits[0] == 0
+    # Ethanol: heavy atoms and the hydroxyl H pairwise (6), each of them to the methyl Hs (4) and
+    # to the CH2 Hs (4), methyl-methyl, CH2-CH2, methyl-CH2 (3). Benzene: C-C, H-H, C-H by ring distance.
+    # Brute force: the orbit of each pair is the set of its images under the (closed) group.
+    for a in range(i.size):
+        images = {int(index[p[i[a]], p[j[a]]]) for p in P}
+        assert images == set(np.flatnonzero(orbits == orbits[a]).tolist())
+    # Lengthscales tied by orbit keep a pair-descriptor kernel invariant under the group.
+    ell = jnp.asarray(0.5 + 0.1 * np.arange(count))[orbits]
+
+    def inverse_distances(x):
+        r = x.reshape(n, 3)
+        return 1.0 / jnp.linalg.norm(r[i] - r[j], axis=-1)
+
+    k = kernels.Warped(kernels.Matern52(ell), inverse_distances)
+    x = jnp.asarray(R, jnp.float64).reshape(-1)
+    y = x + 0.05 * jnp.asarray(np.random.default_rng(1).normal(size=3 * n))
+    coords = eqgp.molecular_permutations(Z, R)
+    for g in coords:
+        assert abs(float(k(x[g], y[g])) - float(k(x, y))) < 1e-12
+    untied = kernels.Warped(kernels.Matern52(jnp.asarray(0.5 + 0.01 * np.arange(i.size))), k.warp)
+    assert max(abs(float(untied(x[g], y[g])) - float(untied(x, y))) for g in coords) > 1e-6
+
+
+def test_pair_orbits_names_bad_input():
+    with pytest.raises(ValueError, match="`permutations`"):
+        eqgp.pair_orbits(np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="permutation of 0..n-1"):
+        eqgp.pair_orbits(np.array([[0, 1, 2], [3, 4, 5]]))
