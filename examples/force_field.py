@@ -158,11 +158,12 @@ def select(Z, train, symmetric: bool, criterion: str = "loo", valid=None):
     by the closed-form leave-one-out force error (`criterion="loo"`: no held-out data
     needed), by the force error on `valid` (`"validation"`: sGDML's selection) or by
     the profile likelihood (`"profile"`); `"orbit-profile"`: the profile likelihood over
-    one lengthscale per orbit of atom pairs (`fit_orbit_lengthscales`; the lengthscale
-    returned is their geometric mean). `train`, `valid`: `(R, E, F)`.
+    one lengthscale per orbit of atom pairs (`fit_orbit_lengthscales` on the first 200
+    configurations at most, then conditioned on all; the lengthscale returned is their
+    geometric mean). `train`, `valid`: `(R, E, F)`.
     Returns `(posterior, lengthscale)`, the posterior's energy offset fixed (`condition`)."""
-    if criterion == "orbit-profile":
-        post, ell, _ = fit_orbit_lengthscales(Z, train, symmetric)
+    if criterion == "orbit-profile":  # fitted on at most 200 configurations (each step is O(n^3))
+        post, ell, _ = fit_orbit_lengthscales(Z, train, symmetric, subset=200)
         return post, ell
     forces = eqgp.Observations((eqgp.Gradient(), flat(train[0]), -flat(train[2])))
     held = None
