@@ -19,10 +19,11 @@ problems and one seed).
 
 `--part force-field` (needs the `chem` extra): the force-field half. Ethanol's symmetric
 model (benchmarks/force_field.py) with its lengthscale chosen by eqgp itself, by closed-form
-leave-one-out and by the profile likelihood, against the best lengthscale of a validation
-grid (100 held-out configurations) on the same grid, at 100, 200 and 500 training
-configurations: RESULT lines are the worst ratio of test force MAEs over the sizes (<= 1.1:
-within 10 % of the validation grid's choice).
+leave-one-out and by the profile likelihood over one common lengthscale, and by the profile
+likelihood over one lengthscale per orbit of atom pairs (L-BFGS, fitted on at most 200
+configurations), against the best common lengthscale of a validation grid (100 held-out
+configurations), at 100, 200 and 500 training configurations: RESULT lines are the worst
+ratio of test force MAEs over the sizes (<= 1.1: within 10 % of the validation grid's choice).
 """
 
 import argparse
@@ -94,9 +95,9 @@ def eqgp_fit(x, y, g, starts=8, runs=1):
 
 def force_field(sizes, data_dir):
     """The force-field half: ethanol's symmetric model (benchmarks/force_field.py), its
-    lengthscale chosen by closed-form leave-one-out and by the profile likelihood, against the
-    validation grid (the best on 100 held-out configurations) on the same grid; test force MAE
-    ratios, the worst over the sizes."""
+    lengthscales chosen by closed-form leave-one-out, by the profile likelihood, and by the
+    profile likelihood per orbit of atom pairs, against the validation grid (the best on 100
+    held-out configurations); test force MAE ratios, the worst over the sizes."""
     import pathlib
     import sys
 
