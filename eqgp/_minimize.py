@@ -103,6 +103,10 @@ def _init_impl(params, static, loss, args, opt):
     # them at each accepted point), so the iterations never evaluate them again: one copy of
     # the loss's value and gradient in the compiled loop (the line search's), not two.
     state = optax.tree_utils.tree_set(opt.init(params), value=value, grad=grad)
+    # optax's line-search state starts with weakly typed scalars that the while loop returns
+    # strongly typed: made strong here, the second chunk's arguments have the first chunk's
+    # types, so a run longer than one chunk does not compile the chunk again.
+    state = jax.tree.map(lambda x: jax.lax.convert_element_type(x, x.dtype) if eqx.is_array(x) else x, state)
     return _Carry(
         params,
         state,
