@@ -130,8 +130,11 @@ def test_keyboard_interrupt_returns_what_was_trained():
 
 @pytest.mark.parametrize("kind", ["values_1d", pytest.param("gradients_3d", marks=pytest.mark.slow)])
 def test_float32_training_survives_and_matches_float64(kind):
-    """2 000 Adam steps in float32 do not fail (the noise floor keeps the factorisation
-    alive) and predict within 2e-2 of the same training in float64."""
+    """A long Adam run in float32 does not fail (the noise floor keeps the factorisation
+    alive) and predicts within 2e-2 of the same training in float64. In 1-D, 500 steps at
+    4e-2 reach what 2 000 at 1e-2 do (float32 noise at its floor 1e-4, float64 at 3e-10,
+    the same float32-float64 gap of 1.6e-3) in a quarter of the Python-dispatched steps."""
+    lr, steps = (4e-2, 500) if kind == "values_1d" else (1e-2, 2000)
     if kind == "values_1d":
         X = jnp.linspace(0.0, 1.0, 20)[:, None]
         make = lambda X: eqgp.Observations.values(X, jnp.sin(6 * X[:, 0]))  # noqa: E731
@@ -151,8 +154,8 @@ def test_float32_training_survives_and_matches_float64(kind):
             eqgp.GaussianProcess(kernel, noise=1e-2),
         )
         obs = make(X.astype(dtype))
-        gp, losses = eqgp.fit(gp, _nll, optax.adam(1e-2), 2000, obs, progress=False)
-        assert losses.shape == (2000,) and bool(jnp.all(jnp.isfinite(losses)))
+        gp, losses = eqgp.fit(gp, _nll, optax.adam(lr), steps, obs, progress=False)
+        assert losses.shape == (steps,) and bool(jnp.all(jnp.isfinite(losses)))
         preds[dtype] = np.asarray(gp.condition(obs).mean(Xs.astype(dtype)), dtype=np.float64)
     assert_close(preds[jnp.float32], preds[jnp.float64], atol=2e-2)
 
