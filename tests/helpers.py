@@ -29,24 +29,37 @@ def central_diff(f, x, eps=1e-5):
     return np.stack(cols)
 
 
+@eqx.filter_jit
+def _kernel_values(kernel, A, B):
+    return jax.vmap(kernel)(A, B)
+
+
 def fd_cross_cov(kernel, x1, x2, eps=1e-4):
     """The (D+1) x (D+1) value/gradient cross covariance of one pair by finite differences
-    of the kernel alone (no autodiff anywhere)."""
+    of the kernel alone (no autodiff anywhere). The kernel's values at every shifted pair
+    come from one compiled, vmapped evaluation (the sums stay in float64 numpy)."""
     x1 = np.asarray(x1, dtype=np.float64)
     x2 = np.asarray(x2, dtype=np.float64)
     D = x1.shape[0]
-    k = lambda a, b: float(kernel(jnp.asarray(a), jnp.asarray(b)))  # noqa: E731
     E = np.eye(D) * eps
-    out = np.zeros((D + 1, D + 1))
-    out[0, 0] = k(x1, x2)
+    pairs = [(x1, x2)]
     for j in range(D):
-        out[0, 1 + j] = (k(x1, x2 + E[j]) - k(x1, x2 - E[j])) / (2 * eps)
-        out[1 + j, 0] = (k(x1 + E[j], x2) - k(x1 - E[j], x2)) / (2 * eps)
+        pairs += [(x1, x2 + E[j]), (x1, x2 - E[j]), (x1 + E[j], x2), (x1 - E[j], x2)]
     for i in range(D):
         for j in range(D):
-            out[1 + i, 1 + j] = (
-                k(x1 + E[i], x2 + E[j]) - k(x1 + E[i], x2 - E[j]) - k(x1 - E[i], x2 + E[j]) + k(x1 - E[i], x2 - E[j])
-            ) / (4 * eps**2)
+            pairs += [(x1 + E[i], x2 + E[j]), (x1 + E[i], x2 - E[j]), (x1 - E[i], x2 + E[j]), (x1 - E[i], x2 - E[j])]
+    A, B = (jnp.asarray(np.stack(p)) for p in zip(*pairs))
+    values = iter(np.asarray(_kernel_values(kernel, A, B), dtype=np.float64).tolist())
+    out = np.zeros((D + 1, D + 1))
+    out[0, 0] = next(values)
+    for j in range(D):
+        plus2, minus2, plus1, minus1 = (next(values) for _ in range(4))
+        out[0, 1 + j] = (plus2 - minus2) / (2 * eps)
+        out[1 + j, 0] = (plus1 - minus1) / (2 * eps)
+    for i in range(D):
+        for j in range(D):
+            pp, pm, mp, mm = (next(values) for _ in range(4))
+            out[1 + i, 1 + j] = (pp - pm - mp + mm) / (4 * eps**2)
     return out
 
 
