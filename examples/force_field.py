@@ -6,6 +6,9 @@ distances (`kernels.Warped`), plain and averaged over the molecule's permutation
 (`kernels.Invariant` with `eqgp.molecular_permutations`), trained on forces only with a
 constant mean for the energy offset (sGDML's default) and its lengthscale chosen by
 closed-form leave-one-out cross-validation (`eqgp.select_lengthscales`: no held-out data).
+`fit_orbit_lengthscales` instead trains one lengthscale per orbit of atom pairs under the
+molecule's symmetries (`eqgp.pair_orbits`) by the profile likelihood (the benchmarks'
+`"orbit-profile"` criterion).
 The script checks the calculator's forces against finite differences of its energy, then
 plots the force error against the number of training configurations (a learning curve) for
 both kernels, and sGDML's GDML and sGDML models on the same splits when `sgdml` is installed. Writes force_field.png.
