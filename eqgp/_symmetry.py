@@ -168,5 +168,5 @@ def pair_orbits(permutations) -> np.ndarray:
             ra, rb = root(a), root(b)
             if ra != rb:
                 parent[max(ra, rb)] = min(ra, rb)
-    roots = np.array([root(a) for a in range(i.size)])
-    return np.unique(roots, return_inverse=True)[1].astype(int) if roots.size else roots
+    roots = np.array([root(a) for a in range(i.size)], dtype=int)
+    return np.unique(roots, return_inverse=True)[1].astype(int)

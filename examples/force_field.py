@@ -117,10 +117,8 @@ class ScaledInverseDistances(eqx.Module):
     n_atoms: int = eqx.field(static=True)
 
     def __call__(self, x):
-        r = x.reshape(self.n_atoms, 3)
-        i, j = np.triu_indices(self.n_atoms, k=1)
         scale = jnp.exp(-self.log_lengthscale)[np.asarray(self.orbits)]
-        return scale / jnp.linalg.norm(r[i] - r[j], axis=-1)
+        return scale * InverseDistances(self.n_atoms)(x)
 
 
 def model(Z, R0, symmetric: bool, lengthscale: float = 20.0, noise: float = 1e-7):

@@ -36,30 +36,23 @@ def _kernel_values(kernel, A, B):
 
 def fd_cross_cov(kernel, x1, x2, eps=1e-4):
     """The (D+1) x (D+1) value/gradient cross covariance of one pair by finite differences
-    of the kernel alone (no autodiff anywhere). The kernel's values at every shifted pair
-    come from one compiled, vmapped evaluation (the sums stay in float64 numpy)."""
+    of the kernel alone (no autodiff anywhere). The kernel's values at every pair of shifted
+    points, `x + s` with `s` in `(0, +eps e_0, -eps e_0, ...)` on each side, come from one
+    compiled, vmapped evaluation (the differences stay in float64 numpy)."""
     x1 = np.asarray(x1, dtype=np.float64)
     x2 = np.asarray(x2, dtype=np.float64)
     D = x1.shape[0]
-    E = np.eye(D) * eps
-    pairs = [(x1, x2)]
-    for j in range(D):
-        pairs += [(x1, x2 + E[j]), (x1, x2 - E[j]), (x1 + E[j], x2), (x1 - E[j], x2)]
-    for i in range(D):
-        for j in range(D):
-            pairs += [(x1 + E[i], x2 + E[j]), (x1 + E[i], x2 - E[j]), (x1 - E[i], x2 + E[j]), (x1 - E[i], x2 - E[j])]
-    A, B = (jnp.asarray(np.stack(p)) for p in zip(*pairs))
-    values = iter(np.asarray(_kernel_values(kernel, A, B), dtype=np.float64).tolist())
+    shifts = np.concatenate([np.zeros((1, D)), np.stack([np.eye(D), -np.eye(D)], axis=1).reshape(2 * D, D) * eps])
+    S = shifts.shape[0]
+    A = jnp.asarray(np.repeat(x1 + shifts, S, axis=0))
+    B = jnp.asarray(np.tile(x2 + shifts, (S, 1)))
+    V = np.asarray(_kernel_values(kernel, A, B), dtype=np.float64).reshape(S, S)
+    p, m = 1 + 2 * np.arange(D), 2 + 2 * np.arange(D)  # the +eps and -eps shifts of each axis
     out = np.zeros((D + 1, D + 1))
-    out[0, 0] = next(values)
-    for j in range(D):
-        plus2, minus2, plus1, minus1 = (next(values) for _ in range(4))
-        out[0, 1 + j] = (plus2 - minus2) / (2 * eps)
-        out[1 + j, 0] = (plus1 - minus1) / (2 * eps)
-    for i in range(D):
-        for j in range(D):
-            pp, pm, mp, mm = (next(values) for _ in range(4))
-            out[1 + i, 1 + j] = (pp - pm - mp + mm) / (4 * eps**2)
+    out[0, 0] = V[0, 0]
+    out[0, 1:] = (V[0, p] - V[0, m]) / (2 * eps)
+    out[1:, 0] = (V[p, 0] - V[m, 0]) / (2 * eps)
+    out[1:, 1:] = (V[np.ix_(p, p)] - V[np.ix_(p, m)] - V[np.ix_(m, p)] + V[np.ix_(m, m)]) / (4 * eps**2)
     return out
 
 
